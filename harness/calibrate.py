@@ -1,0 +1,57 @@
+"""Measure the two ceilings of the roofline on the current GPU: copy bandwidth and bf16 matmul rate."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from harness import provenance
+from harness.results import Calibration
+
+COPY_BYTES = 2 * 2**30
+MATMUL_SIZE = 8192
+REPEATS = 20
+
+
+def _median_ms(fn, repeats: int = REPEATS) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def calibrate(device: torch.device) -> Calibration:
+    if device.type != "cuda":
+        raise RuntimeError("calibration measures a CUDA GPU and none is present")
+    clocks_before = provenance.read_clocks(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    src = torch.randn(COPY_BYTES // 4, device=device, generator=gen)
+    dst = torch.empty_like(src)
+    copy_ms = _median_ms(lambda: dst.copy_(src))
+    del src, dst
+
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, generator=gen).to(torch.bfloat16)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(a)
+    matmul_ms = _median_ms(lambda: torch.mm(a, b, out=out))
+
+    return Calibration(
+        device_name=provenance.device_name(device),
+        copy_bytes_per_s=2 * COPY_BYTES / (copy_ms * 1e-3),
+        matmul_flops_per_s=2 * MATMUL_SIZE**3 / (matmul_ms * 1e-3),
+        method=(
+            f"median of {REPEATS} CUDA-event timings after 3 warm-ups: copy of {COPY_BYTES // 2**20} MiB "
+            f"(read + write counted); torch.mm bf16 {MATMUL_SIZE}^3 on random normal data"
+        ),
+        provenance=provenance.collect(device, clocks_before),
+    )

@@ -1,0 +1,225 @@
+"""The `harness` command: bench, list, compare, calibrate."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from harness import compare as comparing
+from harness import provenance
+from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution
+from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, result_path, save
+from harness.status import Status
+from harness.timing import TimingConfig
+from harness.workloads import ManifestError, available_suites, load_named_suite, load_suite
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark harness for the MoE expert SwiGLU backward.")
+# Wide enough for the tables when the output is a file or a CI log rather than a terminal.
+console = Console(width=None if Console().is_terminal else 160)
+USER_ERRORS = (SolutionError, ManifestError, ResultsError, KeyError)
+
+
+def fail(message: str) -> None:
+    console.print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda was asked for but torch sees no CUDA GPU")
+    if requested not in ("cuda", "cpu"):
+        fail(f"--device must be auto, cuda or cpu, got '{requested}'")
+    return torch.device(requested)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:,.1f}"
+
+
+def workload_table(result: BenchResult) -> Table:
+    clock = "CUDA events" if result.provenance.device_type == "cuda" else "CPU wall clock"
+    title = f"{result.solution.name} on {result.provenance.device_name}, suite {result.config.suite} ({clock}, latencies in us)"
+    columns: dict[str, list[str]] = {name: [] for name in ("#", "B", "T", "status", "mean", "±95%", "median", "n")}
+    scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S")}
+    ratios_column: list[str] = []
+    for w in result.workloads:
+        t = w.timing
+        color = "green" if w.status is Status.PASSED else "yellow" if w.status is Status.SKIPPED else "red"
+        for name, text in zip(
+            columns,
+            (
+                str(w.index), str(w.batch_seq_len), str(w.num_tokens), f"[{color}]{w.status.value}[/{color}]",
+                _us(t.mean_us if t else None), _us((t.ci95_high_us - t.mean_us) if t else None),
+                _us(t.median_us if t else None), str(t.n) if t else "-",
+            ),
+        ):
+            columns[name].append(text)
+        for name, value in zip(scores, (w.sol_us, w.percent_of_sol, w.percent_of_sol_measured, w.sol_score)):
+            scores[name].append("-" if value is None else f"{value:.3f}" if name == "S" else _us(value))
+        ratios = [o.matched_ratio for trial in w.trials for o in trial.outputs if o.matched_ratio is not None]
+        ratios_column.append(f"{min(ratios):.4f}" if ratios else "-")
+    columns.update({name: cells for name, cells in scores.items() if any(cell != "-" for cell in cells)})
+    columns["worst ratio"] = ratios_column
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name, justify="left" if name == "status" else "right")
+    for row in zip(*columns.values()):
+        table.add_row(*row)
+    return table
+
+
+def print_failures(workloads: list[WorkloadResult]) -> None:
+    for w in workloads:
+        if w.status is not Status.PASSED and w.message:
+            first_lines = "\n    ".join(w.message.splitlines()[:6])
+            console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {w.status.value}: {first_lines}", highlight=False, markup=True)
+
+
+@app.command()
+def bench(
+    solution: Annotated[str, typer.Option("--solution", "-s", help="solution name (see `harness list`)")],
+    suite: Annotated[Optional[str], typer.Option(help="workload suite; default: public on a GPU, smoke on a CPU")] = None,
+    workload: Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="uuid (or prefix) or index; repeatable")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")] = None,
+    seed: Annotated[int, typer.Option(help="base seed of every input set")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu")] = "auto",
+    input_sets: Annotated[int, typer.Option(min=1, help="distinct input sets rotated through while timing")] = 3,
+    max_calls: Annotated[int, typer.Option(min=2, help="cap on timed calls per workload")] = 300,
+    target_stderr: Annotated[float, typer.Option(help="stop timing when stderr/mean falls below this")] = 0.01,
+    results_dir: Annotated[Path, typer.Option(help="where result files are written")] = RESULTS_DIR,
+    solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
+) -> None:
+    """Check a solution against the float32 reference and time it on every workload of a suite."""
+    from harness.runner import Bench, BenchOptions
+
+    dev = pick_device(device)
+    if suite is None:
+        suite = "public" if dev.type == "cuda" else "smoke"
+        if dev.type == "cpu":
+            console.print("[yellow]No CUDA GPU: running the smoke suite on the CPU; times are CPU wall clock.[/yellow]")
+    if suite == "public" and dev.type == "cpu":
+        fail("the public suite (H=4096, F=14336) needs a CUDA GPU; on a CPU use --suite smoke")
+    try:
+        chosen_suite = load_named_suite(suite)
+        chosen = chosen_suite.select(workload) if workload else chosen_suite.workloads
+        sol = get_solution(solution, solutions_dir)
+        options = BenchOptions(
+            trials=trials or (5 if dev.type == "cuda" else 3),
+            seed=seed,
+            input_sets=input_sets,
+            timing=TimingConfig(max_calls=max_calls, target_rel_stderr=target_stderr),
+        )
+        runner = Bench(sol, dev, options, results_dir)
+    except USER_ERRORS as exc:
+        fail(str(exc).strip("'\""))
+    if not sol.runs_on(dev.type):
+        console.print(f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]")
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
+    ) as progress:
+        task = progress.add_task(f"{sol.name} on {provenance.device_name(dev)}", total=len(chosen))
+
+        def advance(result: WorkloadResult) -> None:
+            progress.update(task, advance=1, description=f"{sol.name}: #{result.index} {result.status.value}")
+
+        result = runner.run(chosen_suite, chosen, advance)
+
+    # A run over part of a suite never replaces the file of a full run: compare reads full runs only.
+    partial = len(chosen) < len(chosen_suite.workloads)
+    path = save(result, result_path(results_dir, provenance.device_slug(dev), sol.name, partial=partial))
+    console.print(workload_table(result))
+    print_failures(result.workloads)
+    latencies = [w.latency_us for w in result.workloads if w.latency_us is not None]
+    mean = sum(latencies) / len(latencies) if latencies else math.nan
+    console.print(
+        f"passed {result.passed}/{len(result.workloads)}; mean latency {_us(mean)} us over {len(latencies)} timed workloads; "
+        f"{result.duration_s:.1f} s; written to {path}",
+        highlight=False,
+    )
+    if any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads):
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_cmd(
+    solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
+) -> None:
+    """Show the registered solutions and the workload suites."""
+    try:
+        solutions = discover(solutions_dir)
+    except SolutionError as exc:
+        fail(str(exc))
+    table = Table(title="Solutions")
+    for column in ("name", "language", "devices", "author", "description"):
+        table.add_column(column)
+    for sol in solutions.values():
+        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices), sol.spec.author, sol.spec.description.split(". ")[0])
+    console.print(table)
+    table = Table(title="Suites")
+    for column in ("name", "workloads", "description"):
+        table.add_column(column)
+    for name, path in available_suites().items():
+        try:
+            loaded = load_suite(path)
+        except ManifestError as exc:
+            table.add_row(name, "[red]invalid[/red]", str(exc))
+            continue
+        table.add_row(name, str(len(loaded.workloads)), loaded.description)
+    console.print(table)
+
+
+@app.command("compare")
+def compare_cmd(
+    results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
+    device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
+    solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
+    by_workload: Annotated[bool, typer.Option("--by-workload", help="one row per workload, one column per solution")] = False,
+    value: Annotated[str, typer.Option(help="with --by-workload: latency_us, pct_sol, pct_sol_measured or sol_score")] = "latency_us",
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or markdown")] = "table",
+) -> None:
+    """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""
+    if fmt not in ("table", "csv", "markdown"):
+        fail(f"--format must be table, csv or markdown, got '{fmt}'")
+    if value not in ("latency_us", "pct_sol", "pct_sol_measured", "sol_score"):
+        fail(f"--value must be latency_us, pct_sol, pct_sol_measured or sol_score, got '{value}'")
+    try:
+        frame = comparing.load_frame(results_dir, device, solution)
+    except ResultsError as exc:
+        fail(str(exc))
+    if frame.empty:
+        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
+    if by_workload:
+        comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
+    else:
+        comparing.render(comparing.summary(frame), fmt, "Solutions (latencies in us; S = SOL score; failed workloads score 0)", console)
+
+
+@app.command()
+def calibrate(results_dir: Annotated[Path, typer.Option(help="where the calibration file is written")] = RESULTS_DIR) -> None:
+    """Measure copy bandwidth and bf16 matmul rate on this GPU; %SOL then also uses these ceilings."""
+    from harness.calibrate import calibrate as measure
+
+    if not torch.cuda.is_available():
+        fail("calibrate measures a CUDA GPU and torch sees none")
+    device = torch.device("cuda")
+    calibration = measure(device)
+    path = save(calibration, results_dir / provenance.device_slug(device) / "calibration.json")
+    console.print(
+        f"{calibration.device_name}: copy {calibration.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
+        f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {path}",
+        highlight=False,
+    )
+
+
+def main() -> None:
+    app()

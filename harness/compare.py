@@ -1,0 +1,149 @@
+"""Comparing result files: pandas frames per workload and per solution, rendered as a rich table, CSV or Markdown.
+
+The SOL score is recomputed here from the baseline (reference_fp32) file of the same device, so that a
+baseline benched after a solution still scores it. A workload that did not pass scores S = 0.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from harness.results import find_results, load_result
+from harness.roofline import sol_score
+from harness.runner import BASELINE_SOLUTION
+from harness.status import Status
+
+
+def load_frame(results_dir: Path, device: str | None = None, solutions: list[str] | None = None) -> pd.DataFrame:
+    """One row per (device, solution, workload) over every result file under results_dir."""
+    rows = []
+    for path in find_results(results_dir):
+        slug = path.parent.name
+        if device is not None and slug != device:
+            continue
+        result = load_result(path)
+        if solutions is not None and result.solution.name not in solutions:
+            continue
+        for w in result.workloads:
+            rows.append(
+                {
+                    "device": slug,
+                    "solution": result.solution.name,
+                    "suite": result.config.suite,
+                    "index": w.index,
+                    "uuid": w.uuid,
+                    "B": w.batch_seq_len,
+                    "T": w.num_tokens,
+                    "status": w.status.value,
+                    "latency_us": w.latency_us,
+                    "sol_us": w.sol_us,
+                    "sol_us_measured": w.sol_us_measured,
+                    "pct_sol": w.percent_of_sol,
+                    "pct_sol_measured": w.percent_of_sol_measured,
+                }
+            )
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    return _with_scores(frame)
+
+
+def _with_scores(frame: pd.DataFrame) -> pd.DataFrame:
+    base = frame[frame.solution == BASELINE_SOLUTION][["device", "suite", "uuid", "latency_us"]]
+    frame = frame.merge(base.rename(columns={"latency_us": "baseline_us"}), on=["device", "suite", "uuid"], how="left")
+
+    def score(row: pd.Series) -> float:
+        if row.status != Status.PASSED.value:
+            return 0.0
+        if pd.isna(row.baseline_us) or pd.isna(row.sol_us):
+            return math.nan
+        return sol_score(row.latency_us, row.sol_us, row.baseline_us)
+
+    frame["sol_score"] = frame.apply(score, axis=1)
+    frame["speedup_vs_baseline"] = frame.baseline_us / frame.latency_us
+    return frame
+
+
+def _geomean(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(math.exp(values.map(math.log).mean())) if len(values) else math.nan
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (device, suite, solution): pass count, latency aggregates, %SOL, S and speedup."""
+    rows = []
+    for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
+        timed = group.latency_us.dropna()
+        rows.append(
+            {
+                "device": device,
+                "suite": suite,
+                "solution": solution,
+                "passed": f"{int((group.status == Status.PASSED.value).sum())}/{len(group)}",
+                "timed": len(timed),
+                "mean_us": timed.mean() if len(timed) else math.nan,
+                "geomean_us": _geomean(timed),
+                "mean_pct_sol": group.pct_sol.mean(),
+                "mean_pct_sol_measured": group.pct_sol_measured.mean(),
+                "mean_sol_score": group.sol_score.mean(),
+                "speedup_vs_baseline": _geomean(group.speedup_vs_baseline),
+            }
+        )
+    return pd.DataFrame(rows).sort_values(["device", "suite", "mean_us"]).reset_index(drop=True)
+
+
+def by_workload(frame: pd.DataFrame, value: str = "latency_us") -> pd.DataFrame:
+    """Workloads as rows, solutions as columns, holding `value`; a failed workload's cell is marked."""
+    marked = frame.copy()
+    marked["cell"] = [
+        _format(v) + ("" if s == Status.PASSED.value else f" ({s})") for v, s in zip(marked[value], marked.status)
+    ]
+    table = marked.pivot_table(index=["device", "index", "B", "T"], columns="solution", values="cell", aggfunc="first")
+    return table.reset_index()
+
+
+def _format(value: object) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(_format(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def rich_table(frame: pd.DataFrame, title: str) -> Table:
+    table = Table(title=title, show_lines=False)
+    for column in frame.columns:
+        numeric = pd.api.types.is_numeric_dtype(frame[column])
+        table.add_column(str(column), justify="right" if numeric else "left")
+    for row in frame.itertuples(index=False):
+        cells = []
+        for value in row:
+            text = _format(value)
+            if text.startswith(Status.PASSED.value):
+                text = f"[green]{text}[/green]"
+            elif any(s.value in text for s in Status if s is not Status.PASSED):
+                text = f"[red]{text}[/red]"
+            cells.append(text)
+        table.add_row(*cells)
+    return table
+
+
+def render(frame: pd.DataFrame, fmt: str, title: str, console: Console) -> None:
+    if fmt == "csv":
+        console.print(frame.to_csv(index=False), end="", markup=False, highlight=False, soft_wrap=True)
+    elif fmt == "markdown":
+        console.print(to_markdown(frame), markup=False, highlight=False, soft_wrap=True)
+    else:
+        console.print(rich_table(frame, title))

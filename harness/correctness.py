@@ -1,0 +1,77 @@
+"""Checking one output of a solution against the reference (SOL-ExecBench's rule, with its error report).
+
+An element passes when |out - ref| <= atol + rtol * |ref|, both compared in float32; an output passes
+when it has the declared shape, dtype and a contiguous layout, holds no NaN/Inf, and at least
+`required_matched_ratio` of its elements pass.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel
+
+from harness.problem import TensorSpec
+from harness.status import Status
+from harness.workloads import Tolerance
+
+
+class OutputCheck(BaseModel):
+    name: str
+    status: Status
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    matched_ratio: float | None = None
+    has_nan: bool = False
+    has_inf: bool = False
+
+
+def check_output(
+    spec: TensorSpec, expected_shape: tuple[int, ...], out: object, ref: torch.Tensor, tol: Tolerance
+) -> OutputCheck:
+    if not isinstance(out, torch.Tensor):
+        return OutputCheck(name=spec.name, status=Status.INCORRECT_SHAPE, message=f"not a tensor: {type(out).__name__}")
+    if tuple(out.shape) != expected_shape:
+        return OutputCheck(
+            name=spec.name,
+            status=Status.INCORRECT_SHAPE,
+            message=f"shape {tuple(out.shape)}, expected {expected_shape}",
+        )
+    if out.dtype != spec.dtype:
+        return OutputCheck(
+            name=spec.name, status=Status.INCORRECT_DTYPE, message=f"dtype {out.dtype}, expected {spec.dtype}"
+        )
+    if not out.is_contiguous():
+        return OutputCheck(name=spec.name, status=Status.INCORRECT_SHAPE, message=f"not contiguous (strides {out.stride()})")
+    if out.device != ref.device:
+        return OutputCheck(name=spec.name, status=Status.INCORRECT_SHAPE, message=f"on {out.device}, expected {ref.device}")
+
+    actual = out.float()
+    expected = ref.float()
+    has_nan = bool(torch.isnan(actual).any())
+    has_inf = bool(torch.isinf(actual).any())
+    diff = (actual - expected).abs()
+    finite = torch.isfinite(diff)
+    max_abs = float(diff[finite].max()) if bool(finite.any()) else float("inf")
+    rel = diff / expected.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    max_rel = float(rel[finite].max()) if bool(finite.any()) else float("inf")
+    matched = (diff <= tol.atol + tol.rtol * expected.abs()) & finite
+    ratio = float(matched.float().mean()) if matched.numel() else 1.0
+
+    problems = []
+    if has_nan:
+        problems.append(f"{int(torch.isnan(actual).sum())} NaN (unwritten or invalid elements)")
+    if has_inf:
+        problems.append(f"{int(torch.isinf(actual).sum())} Inf")
+    if ratio < tol.required_matched_ratio:
+        problems.append(f"matched ratio {ratio:.5f} < {tol.required_matched_ratio}")
+    return OutputCheck(
+        name=spec.name,
+        status=Status.INCORRECT_NUMERICAL if problems else Status.PASSED,
+        message="; ".join(problems),
+        max_abs_error=max_abs,
+        max_rel_error=max_rel,
+        matched_ratio=ratio,
+        has_nan=has_nan,
+        has_inf=has_inf,
+    )

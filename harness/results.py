@@ -1,0 +1,133 @@
+"""Result files: one schema-validated JSON document per (device, solution), `results/<device>/<solution>.json`.
+
+Calibration files (`results/<device>/calibration.json`) hold the ceilings measured by `harness calibrate`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from harness.correctness import OutputCheck
+from harness.provenance import REPO_ROOT, Provenance
+from harness.status import Status
+from harness.timing import TimingStats
+
+RESULTS_DIR = REPO_ROOT / "results"
+SCHEMA_VERSION = 1
+CALIBRATION_FILE = "calibration.json"
+
+
+class ResultsError(ValueError):
+    """A results or calibration file that cannot be read; the message names the file and the problem."""
+
+
+class TrialReport(BaseModel):
+    seed: int
+    status: Status
+    message: str = ""
+    outputs: list[OutputCheck] = []
+
+
+class WorkloadResult(BaseModel):
+    uuid: str
+    index: int
+    batch_seq_len: int
+    num_tokens: int
+    hidden_dim: int
+    ffn_dim: int
+    status: Status
+    message: str = ""
+    trials: list[TrialReport] = []
+    timing: TimingStats | None = None
+    flops: int
+    bytes: int
+    sol_us: float | None = Field(default=None, description="roofline time with datasheet peaks")
+    sol_us_measured: float | None = Field(default=None, description="roofline time with calibrated ceilings")
+    percent_of_sol: float | None = None
+    percent_of_sol_measured: float | None = None
+    baseline_us: float | None = Field(default=None, description="T_b: reference_fp32's mean on this device")
+    sol_score: float | None = None
+
+    @property
+    def latency_us(self) -> float | None:
+        return self.timing.mean_us if self.timing else None
+
+
+class SolutionRecord(BaseModel):
+    name: str
+    description: str
+    author: str
+    license: str
+    language: str
+    entry_point: str
+    destination_passing_style: bool
+    source_sha256: dict[str, str]
+
+
+class BenchConfig(BaseModel):
+    suite: str
+    trials: int
+    seed: int
+    input_sets: int
+    target_rel_stderr: float
+    max_calls: int
+
+
+class BenchResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    solution: SolutionRecord
+    config: BenchConfig
+    provenance: Provenance
+    peaks_source: str | None = None
+    calibration_source: str | None = None
+    duration_s: float
+    workloads: list[WorkloadResult]
+
+    @property
+    def passed(self) -> int:
+        return sum(w.status is Status.PASSED for w in self.workloads)
+
+
+class Calibration(BaseModel):
+    device_name: str
+    copy_bytes_per_s: float = Field(gt=0, description="device-to-device copy, bytes read plus bytes written")
+    matmul_flops_per_s: float = Field(gt=0, description="bf16 matmul on random data")
+    method: str
+    provenance: Provenance
+
+
+def result_path(results_dir: Path, device_slug: str, solution: str, partial: bool = False) -> Path:
+    folder = results_dir / device_slug
+    return (folder / "partial" if partial else folder) / f"{solution}.json"
+
+
+def save(model: BaseModel, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(model.model_dump_json(indent=1) + "\n")
+    return path
+
+
+def _load(path: Path, model: type[BaseModel]) -> BaseModel:
+    try:
+        return model.model_validate_json(path.read_text())
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ResultsError(f"{path}: not a valid {model.__name__} file: field '{where}': {first['msg']}") from None
+
+
+def load_result(path: Path) -> BenchResult:
+    return _load(path, BenchResult)  # type: ignore[return-value]
+
+
+def load_calibration(results_dir: Path, device_slug: str) -> Calibration | None:
+    path = results_dir / device_slug / CALIBRATION_FILE
+    return _load(path, Calibration) if path.exists() else None  # type: ignore[return-value]
+
+
+def find_results(results_dir: Path) -> list[Path]:
+    return sorted(p for p in results_dir.glob("*/*.json") if p.name != CALIBRATION_FILE)

@@ -1,0 +1,94 @@
+"""The `harness` command end to end on the smoke suite, in a temporary results folder."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from tests.conftest import HAS_CUDA
+
+runner = CliRunner()
+pytestmark = pytest.mark.skipif(HAS_CUDA, reason="exercises the CPU fallback, which a GPU machine does not take")
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_list_shows_solutions_and_suites() -> None:
+    result = invoke("list")
+    assert result.exit_code == 0
+    for name in ("reference_fp32", "torch_eager", "public", "smoke"):
+        assert name in result.output
+
+
+def test_bench_then_compare(tmp_path: Path) -> None:
+    for solution in ("reference_fp32", "torch_eager"):
+        result = invoke("bench", "--solution", solution, "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "10")
+        assert result.exit_code == 0, result.output
+        assert "No CUDA GPU: running the smoke suite on the CPU" in result.output
+        assert "passed 6/6" in result.output and "CPU wall clock" in result.output
+        assert (tmp_path / "cpu" / f"{solution}.json").is_file()
+
+    table = invoke("compare", "--results-dir", str(tmp_path))
+    assert table.exit_code == 0 and "6/6" in table.output
+
+    csv = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
+    frame = pd.read_csv(io.StringIO(csv.output))
+    assert set(frame.solution) == {"reference_fp32", "torch_eager"}
+    assert list(frame.passed) == ["6/6", "6/6"]
+    baseline = frame.set_index("solution").loc["reference_fp32"]
+    assert baseline.speedup_vs_baseline == pytest.approx(1.0)
+
+    markdown = invoke("compare", "--results-dir", str(tmp_path), "--by-workload", "--format", "markdown")
+    lines = markdown.output.strip().splitlines()
+    assert lines[0].startswith("| device | index | B | T |") and len(lines) == 2 + 6
+
+
+def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> None:
+    result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(tmp_path), "--trials", "1")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cpu" / "partial" / "torch_eager.json").is_file()
+    assert not (tmp_path / "cpu" / "torch_eager.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("bench", "--solution", "nope"), "unknown solution 'nope'; known solutions: reference_fp32, torch_eager"),
+        (("bench", "--solution", "torch_eager", "--suite", "public"), "needs a CUDA GPU"),
+        (("bench", "--solution", "torch_eager", "--suite", "nightly"), "unknown suite 'nightly'"),
+        (("bench", "--solution", "torch_eager", "--workload", "99"), "out of range"),
+        (("compare", "--format", "xml"), "--format must be"),
+    ],
+)
+def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    result = invoke(*args, "--results-dir", str(tmp_path))
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_compare_without_results(tmp_path: Path) -> None:
+    result = invoke("compare", "--results-dir", str(tmp_path))
+    assert result.exit_code == 2 and "no result files" in result.output
+
+
+def test_cuda_only_solution_is_reported_skipped(tmp_path: Path, make_solution) -> None:
+    root = make_solution("gpu_only", "def run(*tensors):\n    raise AssertionError('never called on CPU')\n", devices="[cuda]")
+    result = invoke("bench", "-s", "gpu_only", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "SKIPPED" in result.output and "runs on cuda only" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_failing_workloads_exit_1(tmp_path: Path, make_solution) -> None:
+    root = make_solution("zeros", "def run(*tensors):\n    for out in tensors[12:]:\n        out.zero_()\n")
+    result = invoke("bench", "-s", "zeros", "--solutions-dir", str(root), "--results-dir", str(tmp_path), "--trials", "1")
+    assert result.exit_code == 1
+    assert "INCORRECT_NUMERICAL" in result.output

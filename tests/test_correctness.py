@@ -1,0 +1,152 @@
+"""The checker must reject every kind of wrong answer and accept the right one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.correctness import check_output
+from harness.problem import OUTPUTS
+from harness.registry import get_solution
+from harness.runner import Bench, BenchOptions
+from harness.status import Status
+from harness.timing import TimingConfig
+from harness.workloads import Tolerance, load_named_suite
+
+SMOKE = load_named_suite("smoke")
+WORKLOAD = SMOKE.workloads[4]  # B=197, T=67: some rows unselected
+
+# A correct DPS solution, followed by a sabotage step; {sabotage} is replaced per test.
+TEMPLATE = """
+import torch
+from harness.guards import strict_fp32
+from reference import reference_backward_fp32
+
+def run(*tensors):
+    inputs, outputs = tensors[:12], tensors[12:]
+    (grad_output, token_indices, selected_tokens, w1_output, gate_output, up_output, gated_output,
+     expert_output, selected_weights, w1_weight, w2_weight, w3_weight) = inputs
+    (grad_hidden_states, grad_routing_weights, grad_w1_weight, grad_w2_weight, grad_w3_weight) = outputs
+    with strict_fp32():
+        results = reference_backward_fp32(*inputs)
+    for out, value in zip(outputs, results):
+        out.copy_(value)
+{sabotage}
+"""
+
+SABOTAGE = {
+    "honest": ("", Status.PASSED),
+    "wrong_value": ("    grad_w1_weight.mul_(1.5)", Status.INCORRECT_NUMERICAL),
+    "one_nan": ("    grad_w3_weight[0, 0] = float('nan')", Status.INCORRECT_NUMERICAL),
+    "one_inf": ("    grad_routing_weights[token_indices[0]] = float('inf')", Status.INCORRECT_NUMERICAL),
+    "unwritten_rows": (
+        "    mask = torch.ones(grad_output.shape[0], dtype=torch.bool)\n"
+        "    mask[token_indices] = False\n"
+        "    grad_hidden_states[mask] = float('nan')",
+        Status.INCORRECT_NUMERICAL,
+    ),
+    "mutated_input": ("    w2_weight[0, 0] += 1", Status.REWARD_HACK),
+    "tf32_left_on": ("    torch.backends.cuda.matmul.allow_tf32 = True", Status.REWARD_HACK),
+    "crash": ("    raise RuntimeError('kernel exploded')", Status.RUNTIME_ERROR),
+    "resized_output": ("    grad_w2_weight.resize_(3, 3)", Status.INCORRECT_SHAPE),
+    "swapped_dtype": ("    grad_w1_weight.data = grad_w1_weight.data.float()", Status.INCORRECT_DTYPE),
+    "transposed_layout": ("    grad_w2_weight.data = grad_w2_weight.data.t().contiguous().t()", Status.INCORRECT_SHAPE),
+    "aliased_output": ("    grad_hidden_states.set_(grad_output)", Status.REWARD_HACK),
+}
+
+
+def bench(root: Path, name: str, trials: int = 2) -> Bench:
+    options = BenchOptions(trials=trials, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
+    return Bench(get_solution(name, root), torch.device("cpu"), options, root.parent / "results")
+
+
+@pytest.mark.parametrize("case", list(SABOTAGE))
+def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
+    sabotage, expected = SABOTAGE[case]
+    root = make_solution(case, TEMPLATE.format(sabotage=sabotage))
+    result = bench(root, case).run(SMOKE, [WORKLOAD])
+    workload = result.workloads[0]
+    assert workload.status is expected, workload.message
+    if expected is Status.PASSED:
+        assert workload.timing is not None and workload.timing.n >= 2
+        assert len(workload.trials) == 2
+    else:
+        assert workload.message
+
+
+RETURNING = """
+import torch
+from reference import reference_backward
+
+def run(*inputs):
+    outs = list(reference_backward(*inputs))
+{change}
+    return tuple(outs)
+"""
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ("", Status.PASSED),
+        ("    outs[0] = inputs[0]", Status.REWARD_HACK),  # grad_hidden_states IS grad_output: same shape and dtype
+        ("    outs[3] = outs[3].float()", Status.INCORRECT_DTYPE),
+        ("    outs[2] = outs[2][:-1]", Status.INCORRECT_SHAPE),
+        ("    outs = outs[:4]", Status.RUNTIME_ERROR),
+        ("    outs[1] = 'not a tensor'", Status.INCORRECT_SHAPE),
+    ],
+)
+def test_value_returning_solutions(make_solution, change: str, expected: Status) -> None:
+    root = make_solution("returning", RETURNING.format(change=change), dps=False)
+    workload = bench(root, "returning", trials=1).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is expected, workload.message
+
+
+def test_solution_that_fails_to_import_is_a_compile_error_on_every_workload(make_solution) -> None:
+    root = make_solution("broken", "def run(:\n")
+    result = bench(root, "broken").run(SMOKE, SMOKE.workloads[:2])
+    assert [w.status for w in result.workloads] == [Status.COMPILE_ERROR] * 2
+    assert "SyntaxError" in result.workloads[0].message
+
+
+def test_cuda_only_solution_is_skipped_on_cpu(make_solution) -> None:
+    root = make_solution("gpu_only", TEMPLATE.format(sabotage=""), devices="[cuda]")
+    result = bench(root, "gpu_only").run(SMOKE, SMOKE.workloads[:1])
+    assert result.workloads[0].status is Status.SKIPPED
+    assert "runs on cuda only" in result.workloads[0].message
+
+
+def test_timed_outputs_are_checked_too(make_solution) -> None:
+    """A solution that is right during the trials but not afterwards (here: from its 3rd call on) is caught."""
+    body = TEMPLATE.format(
+        sabotage="    CALLS.append(1)\n    if len(CALLS) > 2:\n        grad_w2_weight.zero_()"
+    ).replace("def run", "CALLS = []\n\ndef run")
+    root = make_solution("lazy_later", body)
+    workload = bench(root, "lazy_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is Status.REWARD_HACK
+    assert "timed calls" in workload.message
+
+
+def test_matched_ratio_threshold_is_inclusive() -> None:
+    spec = OUTPUTS[2]
+    ref = torch.ones(10, 100, dtype=torch.bfloat16)
+    tol = Tolerance(atol=0.01, rtol=0.05)
+    for wrong, expected in ((10, Status.PASSED), (11, Status.INCORRECT_NUMERICAL)):
+        out = ref.clone()
+        out.view(-1)[:wrong] = 2.0
+        check = check_output(spec, (10, 100), out, ref, tol)
+        assert check.status is expected
+        assert check.matched_ratio == pytest.approx(1 - wrong / 1000)
+        assert check.max_abs_error == pytest.approx(1.0)
+
+
+def test_tolerance_is_atol_plus_rtol_times_reference() -> None:
+    spec = OUTPUTS[2]
+    ref = torch.full((1, 4), 2.0, dtype=torch.bfloat16)
+    tol = Tolerance(atol=0.01, rtol=0.05, required_matched_ratio=1.0)
+    inside = torch.tensor([[2.0 + 0.10]], dtype=torch.bfloat16).expand(1, 4).contiguous()  # 0.1 <= 0.01 + 0.1
+    outside = torch.tensor([[2.0 + 0.125]], dtype=torch.bfloat16).expand(1, 4).contiguous()
+    assert check_output(spec, (1, 4), inside, ref, tol).status is Status.PASSED
+    assert check_output(spec, (1, 4), outside, ref, tol).status is Status.INCORRECT_NUMERICAL

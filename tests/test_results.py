@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.registry import get_solution
+from harness.results import ResultsError, load_result, result_path, save
+from harness.runner import Bench, BenchOptions
+from harness.status import Status
+from harness.timing import TimingConfig, TimingStats
+from harness.workloads import load_named_suite
+
+
+@pytest.fixture(scope="module")
+def bench_result():
+    suite = load_named_suite("smoke")
+    options = BenchOptions(trials=1, seed=5, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
+    return Bench(get_solution("torch_eager"), torch.device("cpu"), options, Path("/nonexistent")).run(suite, suite.workloads[:2])
+
+
+def test_round_trip(tmp_path: Path, bench_result) -> None:
+    path = save(bench_result, result_path(tmp_path, "cpu", "torch_eager"))
+    assert path == tmp_path / "cpu" / "torch_eager.json"
+    loaded = load_result(path)
+    assert loaded == bench_result
+    assert loaded.passed == 2 and loaded.workloads[0].status is Status.PASSED
+
+
+def test_provenance_and_seeds_are_recorded(bench_result) -> None:
+    prov = bench_result.provenance
+    assert prov.torch == torch.__version__ and prov.python and prov.timestamp and prov.git_commit
+    assert bench_result.config.seed == 5
+    assert bench_result.workloads[0].trials[0].seed != bench_result.workloads[1].trials[0].seed
+    assert "solution.py" in bench_result.solution.source_sha256
+    assert len(bench_result.solution.source_sha256["solution.py"]) == 64
+
+
+def test_invalid_result_file_names_file_and_field(tmp_path: Path, bench_result) -> None:
+    raw = json.loads(bench_result.model_dump_json())
+    raw["workloads"][0]["status"] = "SORT_OF_PASSED"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ResultsError, match=r"bad.json.*field 'workloads.0.status'"):
+        load_result(path)
+
+
+def test_timing_statistics_from_samples() -> None:
+    stats = TimingStats.from_samples([10.0, 12.0, 14.0, 16.0], "cuda_events", warmup_calls=3, input_sets=3)
+    assert (stats.mean_us, stats.median_us, stats.min_us, stats.max_us, stats.n) == (13.0, 13.0, 10.0, 16.0, 4)
+    assert stats.std_us == pytest.approx(2.5820, abs=1e-4)
+    half = 3.182 * 2.5820 / 2  # t(0.975, 3 dof) * std / sqrt(n)
+    assert (stats.ci95_low_us, stats.ci95_high_us) == pytest.approx((13 - half, 13 + half), abs=1e-3)
+    assert stats.rel_stderr == pytest.approx(2.5820 / 2 / 13, abs=1e-4)

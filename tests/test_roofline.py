@@ -1,0 +1,55 @@
+"""Roofline figures computed by hand from SPEC section 5 for two workloads, and the SPEC anchors."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.problem import Dims, bytes_moved, flops
+from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
+from harness.workloads import load_named_suite
+
+H200 = datasheet_peaks("NVIDIA H200")
+H, F = 4096, 14336
+
+
+def test_smallest_public_workload_by_hand() -> None:
+    dims = Dims(batch_seq_len=256, num_tokens=64)
+    assert flops(dims) == 12 * 64 * H * F == 45_097_156_608
+    # grad_output + grad_hidden_states, four (T, F) activations, selected_tokens + expert_output,
+    # three weights read and three gradients written, token_indices, selected_weights, grad_routing_weights.
+    expected_bytes = 2 * 256 * H * 2 + 4 * 64 * F * 2 + 2 * 64 * H * 2 + 6 * F * H * 2 + 64 * 8 + 64 * 2 + 256 * 2
+    assert bytes_moved(dims) == expected_bytes == 717_227_136
+    # Memory-bound on the H200: 717.2 MB / 4.8 TB/s = 149.4 us (compute would be 45.6 us).
+    assert sol_time_us(dims, H200) == pytest.approx(717_227_136 / 4.8e12 * 1e6)
+    assert sol_time_us(dims, H200) == pytest.approx(149.42, abs=0.01)
+
+
+def test_largest_public_workload_by_hand() -> None:
+    dims = Dims(batch_seq_len=4096, num_tokens=2048)
+    assert flops(dims) == 1_443_109_011_456
+    assert bytes_moved(dims) == pytest.approx(1040e6, rel=1e-3)  # SPEC: 1040 MB
+    # Compute-bound: 1.443 TFLOP / 989 TFLOP/s = 1459.16 us.
+    assert sol_time_us(dims, H200) == pytest.approx(1459.16, abs=0.01)
+
+
+def test_spec_anchor_mean_sol_over_the_public_suite() -> None:
+    dims = [w.dims for w in load_named_suite("public").workloads]
+    datasheet = sum(sol_time_us(d, H200) for d in dims) / len(dims)
+    measured = DevicePeaks("measured", 791e12, 4.2e12, "SPEC section 5")
+    calibrated = sum(sol_time_us(d, measured) for d in dims) / len(dims)
+    assert datasheet == pytest.approx(277, abs=1.5)  # SPEC section 6: 277 us
+    assert calibrated == pytest.approx(339, abs=1.5)  # SPEC section 6: 339 us
+
+
+def test_peaks_are_picked_by_device_name() -> None:
+    assert datasheet_peaks("NVIDIA H200").bytes_per_s == 4.8e12
+    assert datasheet_peaks("NVIDIA H100 80GB HBM3").bytes_per_s == 3.35e12
+    assert datasheet_peaks("NVIDIA B200").flops_per_s == 1.811e15
+    assert datasheet_peaks("NVIDIA GeForce RTX 4090") is None
+
+
+def test_sol_score_and_percent() -> None:
+    assert sol_score(latency_us=1000, sol_us=100, baseline_us=1000) == pytest.approx(0.5)
+    assert sol_score(latency_us=100, sol_us=100, baseline_us=1000) == pytest.approx(1.0)
+    assert sol_score(latency_us=550, sol_us=100, baseline_us=1000) == pytest.approx(1 / 1.5)
+    assert percent_of_sol(latency_us=200, sol_us=150) == pytest.approx(75.0)
