@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device call on the H200 (the library's `device` tool): install the carried wheels, run the GPU
+# tests, calibrate, and bench the given solutions on the public suite; logs and result files go to $OUT.
+# Usage (from the repo root on the GPU machine): bash scripts/h200_session.sh SOLUTION [SOLUTION ...]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 COLUMNS=160
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$OUT/session.log"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/session.log"
+python3 -m pytest -q -m gpu tests 2>&1 | tail -5 | tee -a "$OUT/session.log"
+python3 -m harness calibrate 2>&1 | tee -a "$OUT/session.log"
+for solution in "$@"; do
+    start=$(date +%s)
+    python3 -m harness bench --solution "$solution" 2>&1 | tee -a "$OUT/session.log"
+    echo "bench $solution: $(( $(date +%s) - start )) s wall" | tee -a "$OUT/session.log"
+done
+python3 -m harness compare 2>&1 | tee -a "$OUT/session.log"
+cp results/*/*.json "$OUT/" 2>/dev/null
+ls "$OUT"
