@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -14,10 +15,14 @@ MATMUL_SIZE = 8192
 REPEATS = 20
 
 
+WARMUP_SECONDS = 1.0  # long enough for an idle GPU's clocks to ramp up
+
+
 def _median_ms(fn, repeats: int = REPEATS) -> float:
-    for _ in range(3):
+    started = time.perf_counter()
+    while time.perf_counter() - started < WARMUP_SECONDS:
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -50,7 +55,7 @@ def calibrate(device: torch.device) -> Calibration:
         copy_bytes_per_s=2 * COPY_BYTES / (copy_ms * 1e-3),
         matmul_flops_per_s=2 * MATMUL_SIZE**3 / (matmul_ms * 1e-3),
         method=(
-            f"median of {REPEATS} CUDA-event timings after 3 warm-ups: copy of {COPY_BYTES // 2**20} MiB "
+            f"median of {REPEATS} CUDA-event timings after {WARMUP_SECONDS:.0f} s of warm-up: copy of {COPY_BYTES // 2**20} MiB "
             f"(read + write counted); torch.mm bf16 {MATMUL_SIZE}^3 on random normal data"
         ),
         provenance=provenance.collect(device, clocks_before),
