@@ -10,8 +10,9 @@ order of harness.problem and the function writes the outputs in place; otherwise
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 SOLUTIONS_DIR = Path(__file__).resolve().parent.parent / "solutions"
 MANIFEST = "solution.yaml"
+SOLUTIONS_PACKAGE = "harness_solutions"
 
 
 class SolutionError(ValueError):
@@ -73,23 +75,30 @@ class Solution:
         return device_type in self.spec.devices
 
     def load_entry_point(self) -> Callable[..., object]:
-        """Import the entry point's module from the folder (the folder is put on sys.path for its own imports)."""
+        """Import the entry point's module as `harness_solutions.<name>.<file>`.
+
+        The folder becomes a package of its own, so a solution's files import each other relatively
+        (`from .kernels import ...`) and two solutions may both have a `kernels.py`.
+        """
         file_name, function_name = self.spec.entry_point.split("::")
-        path = self.folder / file_name
-        if not path.is_file():
-            raise SolutionError(f"solution '{self.name}': entry point file {path} does not exist")
-        module_name = f"solutions_{self.name}_{path.stem}"
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        if str(self.folder) not in sys.path:
-            sys.path.insert(0, str(self.folder))
-        module_spec.loader.exec_module(module)
+        if not (self.folder / file_name).is_file():
+            raise SolutionError(f"solution '{self.name}': entry point file {self.folder / file_name} does not exist")
+        package = f"{SOLUTIONS_PACKAGE}.{self.name}"
+        sys.modules.setdefault(SOLUTIONS_PACKAGE, _namespace(SOLUTIONS_PACKAGE, []))
+        for stale in [name for name in sys.modules if name == package or name.startswith(package + ".")]:
+            del sys.modules[stale]  # a fresh import: the folder may be another one of the same name
+        sys.modules[package] = _namespace(package, [str(self.folder)])
+        module = importlib.import_module(f"{package}.{Path(file_name).stem}")
         function = getattr(module, function_name, None)
         if not callable(function):
             raise SolutionError(f"solution '{self.name}': {file_name} has no function '{function_name}'")
         return function
+
+
+def _namespace(name: str, path: list[str]) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = path
+    return module
 
 
 def _read_spec(manifest: Path) -> SolutionSpec:

@@ -3,10 +3,17 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import os
+
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# Without a GPU, Triton kernels run in Triton's CPU interpreter. The variable must be set before triton is
+# first imported: triton.language's own jit'd helpers are created at that import.
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

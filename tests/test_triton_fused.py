@@ -1,0 +1,118 @@
+"""triton_fused: the kernels' indexing, masking and fusion logic on the CPU through Triton's interpreter
+(float32/float16 operands, tiny shapes: its bf16 arithmetic is unreliable), and the bf16 path on the GPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.problem import OUTPUTS, Dims
+from harness.registry import get_solution
+from harness.runner import Bench, BenchOptions
+from harness.status import Status
+from harness.timing import TimingConfig
+from harness.workloads import load_named_suite
+from reference import generate_inputs, reference_backward_fp32
+
+from tests.conftest import INTERPRETED
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture
+def interpreted():
+    """The solution's module with its kernels in Triton's CPU interpreter (tests/conftest.py turns it on)."""
+    if not INTERPRETED:
+        pytest.skip("needs Triton's CPU interpreter (TRITON_INTERPRET=1, set where no GPU is present)")
+    run = get_solution("triton_fused").load_entry_point()
+    return sys.modules[run.__module__]
+
+
+def small_plan(module, dx_split: int = 2):
+    tile = module.Tile
+    return module.Plan(tile(16, 32, 16, 1, 1), tile(32, 32, 16, 1, 1), tile(16, 32, 16, 1, 1), dx_split)
+
+
+CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile
+    (1, 1, 32, 64),
+    (16, 16, 32, 96),
+    (50, 33, 64, 64),
+    (37, 19, 32, 128),
+]
+
+
+def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2):
+    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=dims.num_tokens).items()}
+    outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
+    module.backward(*inputs.values(), *outputs, plan=small_plan(module, dx_split), precise_dtype=precise)
+    expected = reference_backward_fp32(*inputs.values())
+    return outputs, expected
+
+
+@pytest.mark.parametrize("dims", [Dims(*case) for case in CASES], ids=lambda d: f"B{d.batch_seq_len}-T{d.num_tokens}")
+def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None:
+    outputs, expected = run_interpreted(interpreted, dims, torch.float32, torch.float32)
+    for spec, out, ref in zip(OUTPUTS, outputs, expected):
+        assert not torch.isnan(out).any(), f"{spec.name}: unwritten elements"
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
+def test_unselected_rows_are_written_as_zeros(interpreted) -> None:
+    dims = Dims(50, 33, 64, 64)
+    outputs, _ = run_interpreted(interpreted, dims, torch.float32, torch.float32)
+    selected = generate_inputs(dims, seed=33)["token_indices"]
+    unselected = torch.ones(50, dtype=torch.bool)
+    unselected[selected] = False
+    assert bool((outputs[0][unselected] == 0).all()) and bool((outputs[1][unselected] == 0).all())
+
+
+@pytest.mark.parametrize("dx_split", [1, 3, 4])
+def test_split_k_partials_sum_in_fixed_order(interpreted, dx_split: int) -> None:
+    """Any split factor gives the same dx (up to fp32 reassociation): the partials cover range(F) exactly once."""
+    outputs, expected = run_interpreted(interpreted, Dims(37, 19, 32, 192), torch.float32, torch.float32, dx_split)
+    torch.testing.assert_close(outputs[0], expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_half_precision_path(interpreted) -> None:
+    """fp16 operands and fp16 intermediates, as the GPU stores d_a and d_up: close to the fp32 reference."""
+    outputs, expected = run_interpreted(interpreted, Dims(37, 19, 32, 128), torch.float16, torch.float16)
+    for spec, out, ref in zip(OUTPUTS, outputs, expected):
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-3, msg=spec.name)
+
+
+def test_plans_by_bucket(interpreted) -> None:
+    assert interpreted.plan_for(64) is interpreted.plan_for(1)
+    assert interpreted.plan_for(196) is interpreted.plan_for(256)
+    assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
+    plan = interpreted.plan_for(64)
+    assert interpreted.dx_split_for(plan, 14336) == plan.dx_split
+    assert interpreted.dx_split_for(plan, 384) == 3  # 384 = 6 steps of 64: the largest split <= 4 dividing it
+
+
+@pytest.mark.gpu
+def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
+    options = BenchOptions(trials=3, timing=TimingConfig(max_calls=20))
+    bench = Bench(get_solution("triton_fused"), torch.device("cuda"), options, tmp_path)
+    for suite_name, picks in (("smoke", None), ("public", [0, 3, 7, 11])):
+        suite = load_named_suite(suite_name)
+        workloads = suite.workloads if picks is None else [suite.workloads[i] for i in picks]
+        for result in bench.run(suite, workloads).workloads:
+            assert result.status is Status.PASSED, f"{suite_name} #{result.index}: {result.message}"
+
+
+@pytest.mark.gpu
+def test_each_bucket_compiles_once() -> None:
+    """Calls within one T bucket (different T and B) add no compiled variant after the bucket's first call."""
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    for bucket in ((Dims(512, 64), Dims(541, 64), Dims(256, 64)), (Dims(1571, 196), Dims(1721, 215), Dims(4096, 256))):
+        counts = []
+        for dims in bucket:
+            inputs = generate_inputs(dims, 0, "cuda")
+            outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
+            run(*inputs.values(), *outputs)
+            counts.append(module.compiled_variants())
+        assert counts[0] == counts[1] == counts[2], counts
