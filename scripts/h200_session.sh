@@ -3,15 +3,7 @@
 # tests, calibrate, and bench the given solutions on the public suite; logs and result files go to $OUT.
 # Usage (from the repo root on the GPU machine): bash scripts/h200_session.sh SOLUTION [SOLUTION ...]
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 COLUMNS=160
+source scripts/h200_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$OUT/session.log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$OUT/session.log"
 python3 -m pytest -q -m gpu tests 2>&1 | tail -5 | tee -a "$OUT/session.log"

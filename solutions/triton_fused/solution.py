@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from harness.problem import INPUT_NAMES, OUTPUT_NAMES
+
 from .kernels import dh_swiglu_kernel, dx_kernel, finalise_kernel, prologue_kernel, weight_grad_kernel
 
 
@@ -50,78 +52,102 @@ def dx_split_for(plan: Plan, ffn_dim: int) -> int:
     return max(s for s in range(1, plan.dx_split + 1) if ffn_dim % (s * plan.dx.block_k) == 0)
 
 
-def backward(
-    grad_output: torch.Tensor,
-    token_indices: torch.Tensor,
-    selected_tokens: torch.Tensor,
-    w1_output: torch.Tensor,
-    gate_output: torch.Tensor,
-    up_output: torch.Tensor,
-    gated_output: torch.Tensor,
-    expert_output: torch.Tensor,
-    selected_weights: torch.Tensor,
-    w1_weight: torch.Tensor,
-    w2_weight: torch.Tensor,
-    w3_weight: torch.Tensor,
-    grad_hidden_states: torch.Tensor,
-    grad_routing_weights: torch.Tensor,
-    grad_w1_weight: torch.Tensor,
-    grad_w2_weight: torch.Tensor,
-    grad_w3_weight: torch.Tensor,
-    plan: Plan | None = None,
-    precise_dtype: torch.dtype = torch.float16,
-) -> None:
-    """The whole backward; `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU)."""
-    batch, hidden = grad_output.shape
-    tokens = token_indices.numel()
-    ffn = w1_weight.shape[0]
-    plan = plan or plan_for(tokens)
+@dataclass
+class Problem:
+    """The 12 inputs and 5 outputs of one call, with the intermediate buffers the stages pass along."""
+
+    inputs: dict[str, torch.Tensor]
+    outputs: dict[str, torch.Tensor]
+    precise_dtype: torch.dtype
+    dx_split: int
+
+    def __post_init__(self) -> None:
+        batch, hidden = self.inputs["grad_output"].shape
+        self.batch, self.hidden = batch, hidden
+        self.tokens = self.inputs["token_indices"].numel()
+        self.ffn = self.inputs["w1_weight"].shape[0]
+        device, operand = self.inputs["grad_output"].device, self.inputs["grad_output"].dtype
+        self.g = torch.empty(self.tokens, hidden, device=device, dtype=operand)
+        self.ge = torch.empty_like(self.g)
+        self.x_precise = torch.empty(self.tokens, hidden, device=device, dtype=self.precise_dtype)
+        self.grad_routing_t = torch.empty(self.tokens, device=device, dtype=torch.float32)
+        self.dd_precise = torch.empty(self.tokens, 2 * self.ffn, device=device, dtype=self.precise_dtype)
+        self.dd_operand = torch.empty(self.tokens, 2 * self.ffn, device=device, dtype=operand)
+        self.partials = torch.empty(self.dx_split, self.tokens, hidden, device=device, dtype=torch.float32)
+
+    @property
+    def row_block(self) -> int:
+        return min(1024, triton.next_power_of_2(self.hidden))
+
+
+def prologue(p: Problem) -> None:
+    i = p.inputs
+    prologue_kernel[(p.tokens,)](
+        i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], i["selected_weights"],
+        p.g, p.ge, p.x_precise, p.grad_routing_t, p.tokens, p.hidden, BLOCK_H=p.row_block,
+    )  # fmt: skip
+
+
+def dh_swiglu(p: Problem, t: Tile) -> None:
+    i = p.inputs
+    dh_swiglu_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n),)](
+        p.g, i["w2_weight"], i["selected_weights"], i["w1_output"], i["up_output"], i["gate_output"],
+        p.dd_precise, p.dd_operand, p.tokens, p.hidden, p.ffn,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
+
+
+def _weight_grad(p: Problem, t: Tile, a, m: int, b, n: int, top, bottom, m_top: int) -> None:
+    weight_grad_kernel[(triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)](
+        a, b, top, bottom, p.tokens, m, n, m_top,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
+
+
+def grad_w2(p: Problem, t: Tile) -> None:
+    out = p.outputs["grad_w2_weight"]
+    _weight_grad(p, t, p.ge, p.hidden, p.inputs["gated_output"], p.ffn, out, out, p.hidden)
+
+
+def grad_w13(p: Problem, t: Tile) -> None:
+    o = p.outputs
+    _weight_grad(p, t, p.dd_precise, 2 * p.ffn, p.x_precise, p.hidden, o["grad_w1_weight"], o["grad_w3_weight"], p.ffn)
+
+
+def dx(p: Problem, t: Tile) -> None:
+    i = p.inputs
+    dx_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)](
+        p.dd_operand, i["w1_weight"], i["w3_weight"], p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
+
+
+def finalise(p: Problem) -> None:
+    o = p.outputs
+    finalise_kernel[(p.batch,)](
+        p.inputs["token_indices"], p.partials, p.grad_routing_t, o["grad_hidden_states"], o["grad_routing_weights"],
+        p.tokens, p.batch, p.hidden, p.tokens.bit_length(), SPLIT_K=p.dx_split, BLOCK_H=p.row_block,
+    )  # fmt: skip
+
+
+def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: torch.dtype = torch.float16) -> None:
+    """The whole backward on the 12 inputs and 5 outputs of harness.problem, in that order.
+
+    `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU; the CPU tests use fp32).
+    """
+    inputs = dict(zip(INPUT_NAMES, tensors[:12]))
+    outputs = dict(zip(OUTPUT_NAMES, tensors[12:]))
+    hidden, ffn = inputs["grad_output"].shape[1], inputs["w1_weight"].shape[0]
+    plan = plan or plan_for(inputs["token_indices"].numel())
     if hidden % plan.dh.block_k or ffn % plan.weight_grad.block_m or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the tile sizes of {plan}")
-    device, operand_dtype = grad_output.device, grad_output.dtype
-    split = dx_split_for(plan, ffn)
-
-    g = torch.empty(tokens, hidden, device=device, dtype=operand_dtype)
-    ge = torch.empty_like(g)
-    x_precise = torch.empty(tokens, hidden, device=device, dtype=precise_dtype)
-    grad_routing_t = torch.empty(tokens, device=device, dtype=torch.float32)
-    dd_precise = torch.empty(tokens, 2 * ffn, device=device, dtype=precise_dtype)
-    dd_operand = torch.empty(tokens, 2 * ffn, device=device, dtype=operand_dtype)
-    partials = torch.empty(split, tokens, hidden, device=device, dtype=torch.float32)
-
-    prologue_kernel[(tokens,)](
-        grad_output, token_indices, selected_tokens, expert_output, selected_weights,
-        g, ge, x_precise, grad_routing_t, tokens, hidden, BLOCK_H=1024 if hidden >= 1024 else triton.next_power_of_2(hidden),
-    )  # fmt: skip
-
-    t = plan.dh
-    dh_swiglu_kernel[(triton.cdiv(tokens, t.block_m) * triton.cdiv(ffn, t.block_n),)](
-        g, w2_weight, selected_weights, w1_output, up_output, gate_output, dd_precise, dd_operand,
-        tokens, hidden, ffn,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
-    )  # fmt: skip
-
-    t = plan.weight_grad
-    for a, m, b, n, top, bottom, m_top in (
-        (ge, hidden, gated_output, ffn, grad_w2_weight, grad_w2_weight, hidden),
-        (dd_precise, 2 * ffn, x_precise, hidden, grad_w1_weight, grad_w3_weight, ffn),
-    ):
-        weight_grad_kernel[(triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)](
-            a, b, top, bottom, tokens, m, n, m_top,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
-        )  # fmt: skip
-
-    t = plan.dx
-    dx_kernel[(triton.cdiv(tokens, t.block_m) * triton.cdiv(hidden, t.block_n), split)](
-        dd_operand, w1_weight, w3_weight, partials, tokens, hidden, ffn, ffn // split,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
-    )  # fmt: skip
-
-    finalise_kernel[(batch,)](
-        token_indices, partials, grad_routing_t, grad_hidden_states, grad_routing_weights,
-        tokens, batch, hidden, tokens.bit_length(),
-        SPLIT_K=split, BLOCK_H=1024 if hidden >= 1024 else triton.next_power_of_2(hidden),
-    )  # fmt: skip
+    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
+    prologue(p)
+    dh_swiglu(p, plan.dh)
+    grad_w2(p, plan.weight_grad)
+    grad_w13(p, plan.weight_grad)
+    dx(p, plan.dx)
+    finalise(p)
 
 
 def run(*tensors: torch.Tensor) -> None:
