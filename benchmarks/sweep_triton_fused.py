@@ -35,10 +35,10 @@ def main() -> None:
     fused = sys.modules[run.__module__]
     Tile = fused.Tile
     candidates = {
-        "dh_swiglu": [Tile(64, 128, 64, 4, 4), Tile(64, 64, 64, 4, 4), Tile(64, 128, 128, 4, 3), Tile(64, 256, 64, 8, 3),
-                      Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 128, 64, 4, 4)],
-        "grad_w2": [Tile(128, 128, 64, 8, 2), Tile(128, 128, 64, 4, 3), Tile(128, 256, 64, 8, 3), Tile(64, 256, 64, 4, 3),
-                    Tile(256, 128, 64, 8, 3), Tile(128, 128, 32, 4, 3)],
+        "dh_swiglu": [Tile(64, 64, 64, 4, 4), Tile(64, 128, 64, 4, 4), Tile(64, 128, 64, 4, 4, 2), Tile(64, 256, 64, 8, 3, 2),
+                      Tile(128, 128, 64, 8, 3), Tile(128, 128, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 64, 4, 3, 2)],
+        "grad_w2": [Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), Tile(64, 128, 64, 4, 3), Tile(128, 64, 64, 4, 3),
+                    Tile(128, 128, 32, 4, 4), Tile(128, 256, 32, 8, 3), Tile(64, 128, 32, 4, 4), Tile(128, 128, 64, 8, 3)],
         "dx": [Tile(64, 128, 64, 4, 4), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(64, 256, 64, 8, 3)],
     }  # fmt: skip
     candidates["grad_w13"] = candidates["grad_w2"]
@@ -68,7 +68,7 @@ def main() -> None:
             if split == 1:
                 for stage, launch in (("prologue", fused.prologue), ("finalise", fused.finalise)):
                     rows.append({"T": tokens, "stage": stage, "split": 1, "tile": "-", "us": do_bench(lambda: launch(p)) * 1e3})
-                g, ge, d16, x16, dbf = p.g, p.ge, p.dd_precise, p.x_precise, p.dd_operand
+                g, ge, d16, x16, dbf = p.g, p.ge, p.dd, p.x_precise, p.dd.to(torch.bfloat16)
                 F = p.ffn
                 cublas = {
                     "dh_swiglu": lambda: torch.mm(g, inputs["w2_weight"]),

@@ -31,9 +31,9 @@ def interpreted():
     return sys.modules[run.__module__]
 
 
-def small_plan(module, dx_split: int = 2):
+def small_plan(module, dx_split: int = 2, epilogue_split: int = 1):
     tile = module.Tile
-    return module.Plan(tile(16, 32, 16, 1, 1), tile(32, 32, 16, 1, 1), tile(16, 32, 16, 1, 1), dx_split)
+    return module.Plan(tile(16, 32, 16, 1, 1, epilogue_split), tile(32, 32, 16, 1, 1), tile(16, 32, 16, 1, 1), dx_split)
 
 
 CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile
@@ -44,10 +44,10 @@ CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T
 ]
 
 
-def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2):
+def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2, epilogue_split: int = 1):
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=dims.num_tokens).items()}
     outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
-    module.backward(*inputs.values(), *outputs, plan=small_plan(module, dx_split), precise_dtype=precise)
+    module.backward(*inputs.values(), *outputs, plan=small_plan(module, dx_split, epilogue_split), precise_dtype=precise)
     expected = reference_backward_fp32(*inputs.values())
     return outputs, expected
 
@@ -57,6 +57,12 @@ def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None
     outputs, expected = run_interpreted(interpreted, dims, torch.float32, torch.float32)
     for spec, out, ref in zip(OUTPUTS, outputs, expected):
         assert not torch.isnan(out).any(), f"{spec.name}: unwritten elements"
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
+def test_epilogue_on_column_halves(interpreted) -> None:
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 64), torch.float32, torch.float32, epilogue_split=2)
+    for spec, out, ref in zip(OUTPUTS, outputs, expected):
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 
 

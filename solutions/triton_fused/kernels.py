@@ -3,7 +3,7 @@
 Five launches, in order (T tokens, H hidden, F ffn; shapes of SPEC section 1):
 
 1. `prologue_kernel`      gather g = grad_output[idx], grad_routing_t = sum_h g*e (fp32), ge = g*w, x16 = fp16(x)
-2. `dh_swiglu_kernel`     dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up]
+2. `dh_swiglu_kernel`     dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up] (fp16)
 3. `weight_grad_kernel`   twice: grad_w2 = ge^T @ gated (M = H) and [grad_w1; grad_w3] = dd^T @ x16 (M = 2F)
 4. `dx_kernel`            dx = d_a @ w1 + d_up @ w3 as one GEMM with K = 2F, split-K into fp32 partials
 5. `finalise_kernel`      every row of grad_hidden_states (fixed-order sum of the partials, or zeros) and
@@ -12,8 +12,8 @@ Five launches, in order (T tokens, H hidden, F ffn; shapes of SPEC section 1):
 Precision (SPEC section 4): the path g -> dh -> (d_a, d_up) -> grad_w1/grad_w3 keeps at least 10 mantissa
 bits: g and w2 are exact bf16 inputs, the routing weight multiplies the fp32 accumulator (ge is never
 rounded on this path), the SwiGLU backward runs in fp32 and d_a, d_up are stored in fp16 for the weight
-gradients, whose other operand x is exact in fp16. grad_w2 (one rounding of ge) and dx (bf16 d_a, d_up)
-take bf16 operands, which the tolerance admits. Every tl.dot accumulates in fp32.
+gradients, whose other operand x is exact in fp16. grad_w2 (one rounding of ge) and dx (d_a, d_up rounded
+to bf16 in registers) take bf16 operands, which the tolerance admits. Every tl.dot accumulates in fp32.
 
 All matrices are row-major and contiguous. The kernels take their operand dtypes from the pointers, so
 the CPU tests can run them under TRITON_INTERPRET=1 with float32/float16 operands.
@@ -50,21 +50,35 @@ def prologue_kernel(
     tl.store(grad_routing_t + t, tl.sum(dot, axis=0))
 
 
+@triton.jit
+def _swiglu_backward_store(dh, rows, cols, row_ok, F, w1_output, up_output, gate_output, dd):
+    """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32, into dd."""
+    mask = row_ok[:, None] & (cols < F)[None, :]
+    act = rows[:, None] * F + cols[None, :]
+    a = tl.load(w1_output + act, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_output + act, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(gate_output + act, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(a)
+    out = rows[:, None] * (2 * F) + cols[None, :]
+    tl.store(dd + out, (dh * up * s * (1.0 + a * (1.0 - s))).to(dd.dtype.element_ty), mask=mask)
+    tl.store(dd + out + F, (dh * gate).to(dd.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["T"])
 def dh_swiglu_kernel(
-    g, w2, selected_weights, w1_output, up_output, gate_output,
-    dd_precise, dd_operand,
+    g, w2, selected_weights, w1_output, up_output, gate_output, dd,
     T, H, F,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # ffn columns per tile
     BLOCK_K: tl.constexpr,  # hidden columns per step; H % BLOCK_K == 0
+    EPILOGUE_SPLIT: tl.constexpr,  # 1 or 2: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
 ):  # fmt: skip
     """dh = diag(w) (g @ w2) with the SwiGLU backward fused into the epilogue.
 
     Tiles are numbered token-tile fastest, so the programs that read one column block of w2 run together
-    and each byte of w2 comes from HBM once. The epilogue reads the (T, F) activations of its tile, computes
-    d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate in fp32, and writes
-    dd = [d_a | d_up] (T x 2F) twice: fp16 for the weight gradients, bf16 as the dx GEMM's operand.
+    and each byte of w2 comes from HBM once. The epilogue reads the (T, F) activations of its tile and
+    writes dd = [d_a | d_up] (T x 2F, fp16): three fp32 activation tiles beside the accumulator overflow
+    the registers, so the epilogue can run on column halves (EPILOGUE_SPLIT = 2).
     """
     pid = tl.program_id(0)
     num_m = tl.cdiv(T, BLOCK_M)
@@ -74,33 +88,26 @@ def dh_swiglu_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < T
-    col_ok = cols < F
 
     a_ptrs = g + rows[:, None] * H + ks[None, :]
     b_ptrs = w2 + ks[:, None] * F + cols[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for _ in range(0, H, BLOCK_K):
         a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-        b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=(cols < F)[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * F
 
-    weight = tl.load(selected_weights + rows, mask=row_ok, other=0.0).to(tl.float32)
-    dh = acc * weight[:, None]
-    mask = row_ok[:, None] & col_ok[None, :]
-    act = rows[:, None] * F + cols[None, :]
-    a = tl.load(w1_output + act, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(up_output + act, mask=mask, other=0.0).to(tl.float32)
-    gate = tl.load(gate_output + act, mask=mask, other=0.0).to(tl.float32)
-    s = tl.sigmoid(a)
-    d_a = dh * up * s * (1.0 + a * (1.0 - s))
-    d_up = dh * gate
-    out = rows[:, None] * (2 * F) + cols[None, :]
-    tl.store(dd_precise + out, d_a.to(dd_precise.dtype.element_ty), mask=mask)
-    tl.store(dd_precise + out + F, d_up.to(dd_precise.dtype.element_ty), mask=mask)
-    tl.store(dd_operand + out, d_a.to(dd_operand.dtype.element_ty), mask=mask)
-    tl.store(dd_operand + out + F, d_up.to(dd_operand.dtype.element_ty), mask=mask)
+    dh = acc * tl.load(selected_weights + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    if EPILOGUE_SPLIT == 1:
+        _swiglu_backward_store(dh, rows, cols, row_ok, F, w1_output, up_output, gate_output, dd)
+    else:
+        halves = tl.permute(tl.reshape(dh, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        half_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+        _swiglu_backward_store(left, rows, half_cols, row_ok, F, w1_output, up_output, gate_output, dd)
+        _swiglu_backward_store(right, rows, half_cols + BLOCK_N // 2, row_ok, F, w1_output, up_output, gate_output, dd)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -145,8 +152,8 @@ def weight_grad_kernel(
 @triton.jit
 def _accumulate_range(acc, a_ptrs, b_ptrs, steps, ldb, BLOCK_K: tl.constexpr, row_ok, col_ok):
     for _ in range(steps):
-        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
         b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(b.dtype)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * ldb
@@ -162,6 +169,9 @@ def dx_kernel(
     BLOCK_K: tl.constexpr,  # ffn rows per step; K_PER_SPLIT % BLOCK_K == 0
 ):  # fmt: skip
     """partials[s] = dd[:, Ks] @ w1[Ks] + dd[:, F + Ks] @ w3[Ks] for the s-th slice Ks of range(F).
+
+    dd is the fp16 [d_a | d_up] of the weight gradients; each tile is rounded to bf16 in registers to meet
+    the bf16 weights (the tolerance admits bf16 d_a, d_up here), so dd is stored once, not twice.
 
     dx = sum_s partials[s] is the K = 2F product [d_a | d_up] @ [w1; w3] without concatenating the weights.
     Split-K (axis 1 of the grid) fills the GPU when T is small (H / BLOCK_N tiles alone are too few); the

@@ -23,6 +23,7 @@ class Tile:
     block_k: int
     num_warps: int
     num_stages: int
+    epilogue_split: int = 1  # dh_swiglu only: column chunks of its epilogue
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class Plan:
 
 # (largest T of the bucket, plan); the last bucket takes every larger T.
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 64, 8, 2), Tile(64, 128, 64, 4, 4), 4)),
-    (128, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 64, 8, 2), Tile(64, 128, 64, 4, 4), 4)),
-    (256, Plan(Tile(128, 128, 64, 8, 3), Tile(128, 128, 64, 8, 2), Tile(128, 128, 64, 8, 3), 4)),
-    (512, Plan(Tile(128, 128, 64, 8, 3), Tile(128, 128, 64, 8, 3), Tile(128, 128, 64, 8, 3), 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), 1)),
+    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(64, 128, 64, 4, 4), 4)),
+    (128, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 8)),
+    (256, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 4)),
+    (512, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 2)),
+    (1 << 30, Plan(Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 1)),
 )
 
 
@@ -71,8 +72,7 @@ class Problem:
         self.ge = torch.empty_like(self.g)
         self.x_precise = torch.empty(self.tokens, hidden, device=device, dtype=self.precise_dtype)
         self.grad_routing_t = torch.empty(self.tokens, device=device, dtype=torch.float32)
-        self.dd_precise = torch.empty(self.tokens, 2 * self.ffn, device=device, dtype=self.precise_dtype)
-        self.dd_operand = torch.empty(self.tokens, 2 * self.ffn, device=device, dtype=operand)
+        self.dd = torch.empty(self.tokens, 2 * self.ffn, device=device, dtype=self.precise_dtype)
         self.partials = torch.empty(self.dx_split, self.tokens, hidden, device=device, dtype=torch.float32)
 
     @property
@@ -92,8 +92,9 @@ def dh_swiglu(p: Problem, t: Tile) -> None:
     i = p.inputs
     dh_swiglu_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n),)](
         p.g, i["w2_weight"], i["selected_weights"], i["w1_output"], i["up_output"], i["gate_output"],
-        p.dd_precise, p.dd_operand, p.tokens, p.hidden, p.ffn,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+        p.dd, p.tokens, p.hidden, p.ffn,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split,
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
 
@@ -111,13 +112,13 @@ def grad_w2(p: Problem, t: Tile) -> None:
 
 def grad_w13(p: Problem, t: Tile) -> None:
     o = p.outputs
-    _weight_grad(p, t, p.dd_precise, 2 * p.ffn, p.x_precise, p.hidden, o["grad_w1_weight"], o["grad_w3_weight"], p.ffn)
+    _weight_grad(p, t, p.dd, 2 * p.ffn, p.x_precise, p.hidden, o["grad_w1_weight"], o["grad_w3_weight"], p.ffn)
 
 
 def dx(p: Problem, t: Tile) -> None:
     i = p.inputs
     dx_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)](
-        p.dd_operand, i["w1_weight"], i["w3_weight"], p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split,
+        p.dd, i["w1_weight"], i["w3_weight"], p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
