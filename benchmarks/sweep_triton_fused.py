@@ -25,10 +25,29 @@ TOKENS = (64, 128, 256, 512, 2048)
 BATCH = 4096
 
 
+def persistent(fused, which: str):
+    """A launcher of weight_grad_persistent_kernel for grad_w2 or grad_w13 (one program per SM)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def launch(p, t) -> None:
+        if which == "w2":
+            args = (p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"], p.outputs["grad_w2_weight"],
+                    p.tokens, p.hidden, p.ffn, p.hidden)
+        else:
+            args = (p.dd, p.x_precise, p.outputs["grad_w1_weight"], p.outputs["grad_w3_weight"],
+                    p.tokens, 2 * p.ffn, p.hidden, p.ffn)
+        fused.weight_grad_persistent_kernel[(sms,)](
+            *args, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, NUM_PROGRAMS=sms,
+            num_warps=t.num_warps, num_stages=t.num_stages)
+
+    return launch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="sweep.json")
     parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
+    parser.add_argument("--stages", nargs="*", default=None, help="only these stages (default: all)")
     args = parser.parse_args()
 
     run = get_solution("triton_fused").load_entry_point()
@@ -42,6 +61,8 @@ def main() -> None:
         "dx": [Tile(64, 128, 64, 4, 4), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(64, 256, 64, 8, 3)],
     }  # fmt: skip
     candidates["grad_w13"] = candidates["grad_w2"]
+    candidates["grad_w2_persistent"] = candidates["grad_w13_persistent"] = [
+        Tile(128, 128, 32, 4, 3), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 128, 32, 4, 4)]
     rows = []
     for tokens in args.tokens:
         dims = Dims(BATCH, tokens)
@@ -51,8 +72,11 @@ def main() -> None:
             p = fused.Problem(inputs, outputs, torch.float16, split)
             fused.prologue(p)
             fused.dh_swiglu(p, candidates["dh_swiglu"][0])
-            stages = {"dx": fused.dx} if split > 1 else {
-                "dh_swiglu": fused.dh_swiglu, "grad_w2": fused.grad_w2, "grad_w13": fused.grad_w13, "dx": fused.dx}
+            stages = {"dx": fused.dx}
+            if split == 1:
+                stages.update(dh_swiglu=fused.dh_swiglu, grad_w2=fused.grad_w2, grad_w13=fused.grad_w13,
+                              grad_w2_persistent=persistent(fused, "w2"), grad_w13_persistent=persistent(fused, "w13"))
+            stages = {k: v for k, v in stages.items() if args.stages is None or k.removesuffix("_persistent") in args.stages}
             for stage, launch in stages.items():
                 for tile in candidates[stage]:
                     started = time.perf_counter()
@@ -63,6 +87,12 @@ def main() -> None:
                         rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "error": str(exc)[:200]})
                         continue
                     first = time.perf_counter() - started
+                    if stage.endswith("_persistent"):  # a variant counts only if it computes what the plain kernel does
+                        produced = {k: v.clone() for k, v in outputs.items()}
+                        getattr(fused, stage.removesuffix("_persistent"))(p, candidates["grad_w2"][0])
+                        if not all(torch.equal(produced[k], outputs[k]) for k in ("grad_w1_weight", "grad_w2_weight", "grad_w3_weight")):
+                            rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "error": "differs from plain"})
+                            continue
                     us = do_bench(lambda: launch(p, tile)) * 1e3
                     rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "us": us, "first_call_s": first})
             if split == 1:
@@ -86,8 +116,10 @@ def main() -> None:
     print(f"{'T':>5} {'stage':<10} {'best tile':<58} {'split':>5} {'us':>8} {'cuBLAS':>8}")
     best_total: dict[int, float] = {}
     for tokens in args.tokens:
-        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w13", "dx", "finalise"):
+        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w2_persistent", "grad_w13", "grad_w13_persistent", "dx", "finalise"):
             timed = [r for r in rows if r["T"] == tokens and r["stage"] == stage and "us" in r and r["tile"] != "cuBLAS"]
+            if not timed:
+                continue
             best = min(timed, key=lambda r: r["us"])
             ref = next((r["us"] for r in rows if r["T"] == tokens and r["stage"] == stage and r["tile"] == "cuBLAS"), float("nan"))
             best_total[tokens] = best_total.get(tokens, 0.0) + best["us"]

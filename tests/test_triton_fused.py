@@ -33,7 +33,8 @@ def interpreted():
 
 def small_plan(module, dx_split: int = 2, epilogue_split: int = 1):
     tile = module.Tile
-    return module.Plan(tile(16, 32, 16, 1, 1, epilogue_split), tile(32, 32, 16, 1, 1), tile(16, 32, 16, 1, 1), dx_split)
+    wgrad = tile(32, 32, 16, 1, 1)
+    return module.Plan(tile(16, 32, 16, 1, 1, epilogue_split), wgrad, wgrad, tile(16, 32, 16, 1, 1), dx_split)
 
 
 CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile

@@ -29,18 +29,19 @@ class Tile:
 @dataclass(frozen=True)
 class Plan:
     dh: Tile
-    weight_grad: Tile
+    grad_w2: Tile
+    grad_w13: Tile
     dx: Tile
     dx_split: int  # split-K factor of dx (upper bound; reduced until it divides F)
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T.
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(64, 128, 64, 4, 4), 4)),
-    (128, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 8)),
-    (256, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 4)),
-    (512, Plan(Tile(64, 128, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 2)),
-    (1 << 30, Plan(Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 1)),
+    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(64, 128, 64, 4, 4), 4)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 8)),
+    (256, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 32, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 4)),
+    (512, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 2)),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 1)),
 )
 
 
@@ -140,13 +141,13 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     outputs = dict(zip(OUTPUT_NAMES, tensors[12:]))
     hidden, ffn = inputs["grad_output"].shape[1], inputs["w1_weight"].shape[0]
     plan = plan or plan_for(inputs["token_indices"].numel())
-    if hidden % plan.dh.block_k or ffn % plan.weight_grad.block_m or ffn % plan.dx.block_k:
+    if hidden % plan.dh.block_k or ffn % plan.grad_w13.block_m or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the tile sizes of {plan}")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
     prologue(p)
     dh_swiglu(p, plan.dh)
-    grad_w2(p, plan.weight_grad)
-    grad_w13(p, plan.weight_grad)
+    grad_w2(p, plan.grad_w2)
+    grad_w13(p, plan.grad_w13)
     dx(p, plan.dx)
     finalise(p)
 
