@@ -36,7 +36,7 @@ def persistent(fused, which: str):
         else:
             args = (p.dd, p.x_precise, p.outputs["grad_w1_weight"], p.outputs["grad_w3_weight"],
                     p.tokens, 2 * p.ffn, p.hidden, p.ffn)
-        fused.weight_grad_persistent_kernel[(sms,)](
+        sys.modules[fused.__package__ + ".kernels"].weight_grad_persistent_kernel[(sms,)](
             *args, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, NUM_PROGRAMS=sms,
             num_warps=t.num_warps, num_stages=t.num_stages)
 
