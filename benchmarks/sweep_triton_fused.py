@@ -9,6 +9,7 @@ Times are triton.testing.do_bench means (L2 cleared before each call), in micros
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -23,24 +24,6 @@ from reference import generate_inputs
 
 TOKENS = (64, 128, 256, 512, 2048)
 BATCH = 4096
-
-
-def persistent(fused, which: str):
-    """A launcher of weight_grad_persistent_kernel for grad_w2 or grad_w13 (one program per SM)."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-
-    def launch(p, t) -> None:
-        if which == "w2":
-            args = (p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"], p.outputs["grad_w2_weight"],
-                    p.tokens, p.hidden, p.ffn, p.hidden)
-        else:
-            args = (p.dd, p.x_precise, p.outputs["grad_w1_weight"], p.outputs["grad_w3_weight"],
-                    p.tokens, 2 * p.ffn, p.hidden, p.ffn)
-        sys.modules[fused.__package__ + ".kernels"].weight_grad_persistent_kernel[(sms,)](
-            *args, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, NUM_PROGRAMS=sms,
-            num_warps=t.num_warps, num_stages=t.num_stages)
-
-    return launch
 
 
 def main() -> None:
@@ -61,8 +44,6 @@ def main() -> None:
         "dx": [Tile(64, 128, 64, 4, 4), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(64, 256, 64, 8, 3)],
     }  # fmt: skip
     candidates["grad_w13"] = candidates["grad_w2"]
-    candidates["grad_w2_persistent"] = candidates["grad_w13_persistent"] = [
-        Tile(128, 128, 32, 4, 3), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 128, 32, 4, 4)]
     rows = []
     for tokens in args.tokens:
         dims = Dims(BATCH, tokens)
@@ -74,9 +55,8 @@ def main() -> None:
             fused.dh_swiglu(p, candidates["dh_swiglu"][0])
             stages = {"dx": fused.dx}
             if split == 1:
-                stages.update(dh_swiglu=fused.dh_swiglu, grad_w2=fused.grad_w2, grad_w13=fused.grad_w13,
-                              grad_w2_persistent=persistent(fused, "w2"), grad_w13_persistent=persistent(fused, "w13"))
-            stages = {k: v for k, v in stages.items() if args.stages is None or k.removesuffix("_persistent") in args.stages}
+                stages.update(dh_swiglu=fused.dh_swiglu, grad_w2=fused.grad_w2, grad_w13=fused.grad_w13)
+            stages = {k: v for k, v in stages.items() if args.stages is None or k in args.stages}
             for stage, launch in stages.items():
                 for tile in candidates[stage]:
                     started = time.perf_counter()
@@ -87,12 +67,6 @@ def main() -> None:
                         rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "error": str(exc)[:200]})
                         continue
                     first = time.perf_counter() - started
-                    if stage.endswith("_persistent"):  # a variant counts only if it computes what the plain kernel does
-                        produced = {k: v.clone() for k, v in outputs.items()}
-                        getattr(fused, stage.removesuffix("_persistent"))(p, candidates["grad_w2"][0])
-                        if not all(torch.equal(produced[k], outputs[k]) for k in ("grad_w1_weight", "grad_w2_weight", "grad_w3_weight")):
-                            rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "error": "differs from plain"})
-                            continue
                     us = do_bench(lambda: launch(p, tile)) * 1e3
                     rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "us": us, "first_call_s": first})
             if split == 1:
@@ -108,6 +82,11 @@ def main() -> None:
                 }
                 for stage, fn in cublas.items():
                     rows.append({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": do_bench(fn) * 1e3})
+                plan = fused.plan_for(tokens)
+                for overlap in (False, True):
+                    variant = dataclasses.replace(plan, overlap_grad_w2=overlap)
+                    whole = lambda: fused.backward(*inputs.values(), *outputs.values(), plan=variant)  # noqa: E731
+                    rows.append({"T": tokens, "stage": "whole", "split": 0, "tile": f"overlap_grad_w2={overlap}", "us": do_bench(whole) * 1e3})
         del inputs, outputs, p
         torch.cuda.empty_cache()
 
@@ -116,7 +95,7 @@ def main() -> None:
     print(f"{'T':>5} {'stage':<10} {'best tile':<58} {'split':>5} {'us':>8} {'cuBLAS':>8}")
     best_total: dict[int, float] = {}
     for tokens in args.tokens:
-        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w2_persistent", "grad_w13", "grad_w13_persistent", "dx", "finalise"):
+        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w13", "dx", "finalise"):
             timed = [r for r in rows if r["T"] == tokens and r["stage"] == stage and "us" in r and r["tile"] != "cuBLAS"]
             if not timed:
                 continue
@@ -125,6 +104,9 @@ def main() -> None:
             best_total[tokens] = best_total.get(tokens, 0.0) + best["us"]
             print(f"{tokens:>5} {stage:<10} {best['tile']:<58} {best['split']:>5} {best['us']:>8.1f} {ref:>8.1f}")
         print(f"{tokens:>5} {'sum':<10} {'':<58} {'':>5} {best_total[tokens]:>8.1f}")
+        for r in rows:
+            if r["T"] == tokens and r["stage"] == "whole":
+                print(f"{tokens:>5} {'whole':<10} {r['tile']:<58} {'':>5} {r['us']:>8.1f}")
 
 
 if __name__ == "__main__":

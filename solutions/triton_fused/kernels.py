@@ -149,42 +149,6 @@ def weight_grad_kernel(
     tl.store(c_ptrs, acc.to(c_top.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["T"])
-def weight_grad_persistent_kernel(
-    a, b, c_top, c_bottom,
-    T, M, N, M_TOP,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,  # the grid: one program per SM, each looping over tiles
-):  # fmt: skip
-    """weight_grad_kernel as a persistent loop over tiles; the flattened loop lets the loads of the next
-    tile start while the current one is stored."""
-    num_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.cdiv(M, BLOCK_M) * num_n
-    k_steps = tl.cdiv(T, BLOCK_K)
-    ks = tl.arange(0, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
-        pid_m = tile // num_n
-        pid_n = tile % num_n
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < M
-        col_ok = cols < N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for ki in range(k_steps):
-            k_ok = (ki * BLOCK_K + ks) < T
-            at = tl.load(a + (ki * BLOCK_K + ks)[:, None] * M + rows[None, :], mask=k_ok[:, None] & row_ok[None, :], other=0.0)
-            bt = tl.load(b + (ki * BLOCK_K + ks)[:, None] * N + cols[None, :], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = tl.dot(tl.trans(at), bt, acc)
-        mask = row_ok[:, None] & col_ok[None, :]
-        if pid_m * BLOCK_M < M_TOP:
-            c_ptrs = c_top + rows[:, None] * N + cols[None, :]
-        else:
-            c_ptrs = c_bottom + (rows - M_TOP)[:, None] * N + cols[None, :]
-        tl.store(c_ptrs, acc.to(c_top.dtype.element_ty), mask=mask)
-
-
 @triton.jit
 def _accumulate_range(acc, a_ptrs, b_ptrs, steps, ldb, BLOCK_K: tl.constexpr, row_ok, col_ok):
     for _ in range(steps):

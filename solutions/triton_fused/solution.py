@@ -33,6 +33,7 @@ class Plan:
     grad_w13: Tile
     dx: Tile
     dx_split: int  # split-K factor of dx (upper bound; reduced until it divides F)
+    overlap_grad_w2: bool = False  # run grad_w2 on a second stream, beside dh_swiglu and grad_w13
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T.
@@ -145,11 +146,33 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the tile sizes of {plan}")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
     prologue(p)
+    if plan.overlap_grad_w2 and p.g.is_cuda:
+        # grad_w2 needs only the prologue's ge. The main stream waits for the side stream before returning,
+        # so every buffer outlives its use there and the caller's stream sees all of the work.
+        main, side = torch.cuda.current_stream(), _side_stream(p.g.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            grad_w2(p, plan.grad_w2)
+        dh_swiglu(p, plan.dh)
+        grad_w13(p, plan.grad_w13)
+        dx(p, plan.dx)
+        finalise(p)
+        main.wait_stream(side)
+        return
     dh_swiglu(p, plan.dh)
     grad_w2(p, plan.grad_w2)
     grad_w13(p, plan.grad_w13)
     dx(p, plan.dx)
     finalise(p)
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
 
 
 def run(*tensors: torch.Tensor) -> None:
