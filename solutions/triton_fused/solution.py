@@ -36,10 +36,12 @@ class Plan:
     overlap_grad_w2: bool = False  # run grad_w2 on a second stream, beside dh_swiglu and grad_w13
 
 
-# (largest T of the bucket, plan); the last bucket takes every larger T.
+# (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
+# benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md); the side stream for grad_w2 pays only
+# where the GPU is memory-bound (T <= 128: 258 -> 243 us at T = 64) and costs above T = 256.
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(64, 128, 64, 4, 4), 4)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 8)),
+    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(64, 128, 64, 4, 4), 4, True)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 8, True)),
     (256, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 32, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 4)),
     (512, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 2)),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 1)),
