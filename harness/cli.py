@@ -86,7 +86,7 @@ def print_failures(workloads: list[WorkloadResult]) -> None:
 
 @app.command()
 def bench(
-    solution: Annotated[str, typer.Option("--solution", "-s", help="solution name (see `harness list`)")],
+    solution: Annotated[str, typer.Option("--solution", "-s", help="a solution name, several joined by commas, or 'all'")],
     suite: Annotated[Optional[str], typer.Option(help="workload suite; default: public on a GPU, smoke on a CPU")] = None,
     workload: Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="uuid (or prefix) or index; repeatable")] = None,
     trials: Annotated[Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")] = None,
@@ -98,8 +98,11 @@ def bench(
     results_dir: Annotated[Path, typer.Option(help="where result files are written")] = RESULTS_DIR,
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
 ) -> None:
-    """Check a solution against the float32 reference and time it on every workload of a suite."""
-    from harness.runner import Bench, BenchOptions
+    """Check solutions against the float32 reference and time them on every workload of a suite.
+
+    Several solutions run side by side in one process, interleaved per workload; each gets its own file.
+    """
+    from harness.runner import Bench, BenchOptions, run_side_by_side
 
     dev = pick_device(device)
     if suite is None:
@@ -111,42 +114,48 @@ def bench(
     try:
         chosen_suite = load_named_suite(suite)
         chosen = chosen_suite.select(workload) if workload else chosen_suite.workloads
-        sol = get_solution(solution, solutions_dir)
+        names = list(discover(solutions_dir)) if solution == "all" else [n.strip() for n in solution.split(",") if n.strip()]
+        solutions = [get_solution(name, solutions_dir) for name in names]
         options = BenchOptions(
             trials=trials or (5 if dev.type == "cuda" else 3),
             seed=seed,
             input_sets=input_sets,
             timing=TimingConfig(max_calls=max_calls, target_rel_stderr=target_stderr),
         )
-        runner = Bench(sol, dev, options, results_dir)
+        benches = [Bench(sol, dev, options, results_dir) for sol in solutions]
     except USER_ERRORS as exc:
         fail(str(exc).strip("'\""))
-    if not sol.runs_on(dev.type):
-        console.print(f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]")
+    for sol in solutions:
+        if not sol.runs_on(dev.type):
+            console.print(f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]")
 
+    label = ", ".join(sol.name for sol in solutions)
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
     ) as progress:
-        task = progress.add_task(f"{sol.name} on {provenance.device_name(dev)}", total=len(chosen))
+        task = progress.add_task(f"{label} on {provenance.device_name(dev)}", total=len(chosen) * len(benches))
 
-        def advance(result: WorkloadResult) -> None:
-            progress.update(task, advance=1, description=f"{sol.name}: #{result.index} {result.status.value}")
+        def advance(bench: Bench, result: WorkloadResult) -> None:
+            progress.update(task, advance=1, description=f"{bench.solution.name}: #{result.index} {result.status.value}")
 
-        result = runner.run(chosen_suite, chosen, advance)
+        results = run_side_by_side(benches, chosen_suite, chosen, advance)
 
     # A run over part of a suite never replaces the file of a full run: compare reads full runs only.
     partial = len(chosen) < len(chosen_suite.workloads)
-    path = save(result, result_path(results_dir, provenance.device_slug(dev), sol.name, partial=partial))
-    console.print(workload_table(result))
-    print_failures(result.workloads)
-    latencies = [w.latency_us for w in result.workloads if w.latency_us is not None]
-    mean = sum(latencies) / len(latencies) if latencies else math.nan
-    console.print(
-        f"passed {result.passed}/{len(result.workloads)}; mean latency {_us(mean)} us over {len(latencies)} timed workloads; "
-        f"{result.duration_s:.1f} s; written to {path}",
-        highlight=False,
-    )
-    if any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads):
+    failed = False
+    for result in results:
+        path = save(result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial=partial))
+        console.print(workload_table(result))
+        print_failures(result.workloads)
+        latencies = [w.latency_us for w in result.workloads if w.latency_us is not None]
+        mean = sum(latencies) / len(latencies) if latencies else math.nan
+        console.print(
+            f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; mean latency {_us(mean)} us over "
+            f"{len(latencies)} timed workloads; {result.duration_s:.1f} s; written to {path}",
+            highlight=False,
+        )
+        failed |= any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads)
+    if failed:
         raise typer.Exit(1)
 
 
@@ -202,6 +211,26 @@ def compare_cmd(
         comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
     else:
         comparing.render(comparing.summary(frame), fmt, "Solutions (latencies in us; S = SOL score; failed workloads score 0)", console)
+
+
+@app.command()
+def plot(
+    results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
+    device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
+    solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
+    out: Annotated[Path, typer.Option(help="folder for the PNG files")] = Path("docs/figures"),
+) -> None:
+    """PNG figures from the result files: latency against T with the roofline, and percent of SOL."""
+    from harness.plot import plot_all
+
+    try:
+        frame = comparing.load_frame(results_dir, device, solution)
+    except ResultsError as exc:
+        fail(str(exc))
+    if frame.empty:
+        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
+    for path in plot_all(frame, out):
+        console.print(f"wrote {path}", highlight=False)
 
 
 @app.command()

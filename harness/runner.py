@@ -157,19 +157,19 @@ class Bench:
             return {}
         return {w.uuid: w.latency_us for w in load_result(path).workloads if w.latency_us is not None}
 
-    def run(self, suite: Suite, workloads: list[Workload], on_done: Callable[[WorkloadResult], None] = lambda r: None) -> BenchResult:
-        started = time.perf_counter()
-        clocks_before = provenance.read_clocks(self.device)
-        call, setup_problem = self._prepare_solution()
-        results = []
-        for workload in workloads:
-            index = suite.workloads.index(workload)
-            if setup_problem is not None:
-                result = self._base(workload, index, *setup_problem)
-            else:
-                result = self.run_workload(call, workload, index)
-            results.append(result)
-            on_done(result)
+    def start(self) -> None:
+        """Load the solution (an import error becomes every workload's COMPILE_ERROR) and note the clocks."""
+        self._started = time.perf_counter()
+        self._clocks_before = provenance.read_clocks(self.device)
+        self._call, self._setup_problem = self._prepare_solution()
+
+    def workload(self, suite: Suite, workload: Workload) -> WorkloadResult:
+        index = suite.workloads.index(workload)
+        if self._setup_problem is not None:
+            return self._base(workload, index, *self._setup_problem)
+        return self.run_workload(self._call, workload, index)
+
+    def finish(self, suite: Suite, results: list[WorkloadResult]) -> BenchResult:
         return BenchResult(
             solution=self._record(),
             config=BenchConfig(
@@ -180,12 +180,15 @@ class Bench:
                 target_rel_stderr=self.options.timing.target_rel_stderr,
                 max_calls=self.options.timing.max_calls,
             ),
-            provenance=provenance.collect(self.device, clocks_before),
+            provenance=provenance.collect(self.device, self._clocks_before),
             peaks_source=self.peaks.source if self.peaks else None,
             calibration_source=self.measured_peaks.source if self.measured_peaks else None,
-            duration_s=time.perf_counter() - started,
+            duration_s=time.perf_counter() - self._started,
             workloads=results,
         )
+
+    def run(self, suite: Suite, workloads: list[Workload], on_done: Callable[[WorkloadResult], None] = lambda r: None) -> BenchResult:
+        return run_side_by_side([self], suite, workloads, lambda bench, result: on_done(result))[0]
 
     def _prepare_solution(self) -> tuple[SolutionCaller | None, tuple[Status, str] | None]:
         if not self.solution.runs_on(self.device.type):
@@ -301,3 +304,29 @@ class Bench:
         if baseline is not None and result.sol_us is not None and result.status is Status.PASSED:
             result.baseline_us = baseline
             result.sol_score = sol_score(latency, result.sol_us, baseline)
+
+
+def run_side_by_side(
+    benches: list[Bench],
+    suite: Suite,
+    workloads: list[Workload],
+    on_done: Callable[[Bench, WorkloadResult], None] = lambda bench, result: None,
+) -> list[BenchResult]:
+    """Run several solutions in one process, interleaved per workload, so that clock drift hits all alike.
+
+    The baseline solution, if present, runs first on each workload and its latency becomes the others'
+    T_b for that workload at once.
+    """
+    ordered = sorted(benches, key=lambda bench: bench.solution.name != BASELINE_SOLUTION)
+    for bench in ordered:
+        bench.start()
+    results: dict[str, list[WorkloadResult]] = {bench.solution.name: [] for bench in ordered}
+    for workload in workloads:
+        for bench in ordered:
+            result = bench.workload(suite, workload)
+            results[bench.solution.name].append(result)
+            if bench.solution.name == BASELINE_SOLUTION and result.latency_us is not None:
+                for other in ordered:
+                    other.baseline[workload.uuid] = result.latency_us
+            on_done(bench, result)
+    return [bench.finish(suite, results[bench.solution.name]) for bench in benches]

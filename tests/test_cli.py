@@ -60,7 +60,7 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("bench", "--solution", "nope"), "unknown solution 'nope'; known solutions: reference_fp32, torch_eager"),
+        (("bench", "--solution", "nope"), "unknown solution 'nope'; known solutions: reference_fp32, torch_compile, torch_cublas, torch_eager, triton_fused"),
         (("bench", "--solution", "torch_eager", "--suite", "public"), "needs a CUDA GPU"),
         (("bench", "--solution", "torch_eager", "--suite", "nightly"), "unknown suite 'nightly'"),
         (("bench", "--solution", "torch_eager", "--workload", "99"), "out of range"),
@@ -92,3 +92,22 @@ def test_failing_workloads_exit_1(tmp_path: Path, make_solution) -> None:
     result = invoke("bench", "-s", "zeros", "--solutions-dir", str(root), "--results-dir", str(tmp_path), "--trials", "1")
     assert result.exit_code == 1
     assert "INCORRECT_NUMERICAL" in result.output
+
+
+def test_side_by_side_bench_writes_one_file_per_solution(tmp_path: Path) -> None:
+    result = invoke(
+        "bench", "-s", "torch_eager,reference_fp32", "-w", "0", "-w", "3", "--trials", "1", "--max-calls", "4",
+        "--results-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "torch_eager: passed 2/2" in result.output and "reference_fp32: passed 2/2" in result.output
+    assert {p.name for p in (tmp_path / "cpu" / "partial").iterdir()} == {"torch_eager.json", "reference_fp32.json"}
+
+
+def test_plot_writes_figures(tmp_path: Path) -> None:
+    for solution in ("reference_fp32", "torch_eager"):
+        assert invoke("bench", "-s", solution, "--trials", "1", "--max-calls", "4", "--results-dir", str(tmp_path)).exit_code == 0
+    result = invoke("plot", "--results-dir", str(tmp_path), "--out", str(tmp_path / "figures"))
+    assert result.exit_code == 0, result.output
+    figure = tmp_path / "figures" / "cpu-latency.png"
+    assert figure.is_file() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

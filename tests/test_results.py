@@ -54,3 +54,17 @@ def test_timing_statistics_from_samples() -> None:
     half = 3.182 * 2.5820 / 2  # t(0.975, 3 dof) * std / sqrt(n)
     assert (stats.ci95_low_us, stats.ci95_high_us) == pytest.approx((13 - half, 13 + half), abs=1e-3)
     assert stats.rel_stderr == pytest.approx(2.5820 / 2 / 13, abs=1e-4)
+
+
+def test_side_by_side_interleaves_per_workload_and_feeds_the_baseline() -> None:
+    from harness.runner import run_side_by_side
+
+    suite = load_named_suite("smoke")
+    options = BenchOptions(trials=1, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
+    benches = [Bench(get_solution(name), torch.device("cpu"), options, Path("/nonexistent")) for name in ("torch_eager", "reference_fp32")]
+    order: list[tuple[str, int]] = []
+    eager, baseline = run_side_by_side(benches, suite, suite.workloads[:2], lambda b, r: order.append((b.solution.name, r.index)))
+    assert order == [("reference_fp32", 0), ("torch_eager", 0), ("reference_fp32", 1), ("torch_eager", 1)]
+    assert eager.solution.name == "torch_eager" and baseline.solution.name == "reference_fp32"
+    for mine, base in zip(eager.workloads, baseline.workloads):
+        assert mine.baseline_us == base.latency_us is not None

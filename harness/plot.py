@@ -1,0 +1,87 @@
+"""Figures from the result files: latency against T with the roofline, and percent of SOL per solution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on CI machines or the GPU machine
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.status import Status  # noqa: E402
+
+
+def _by_tokens(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sort_values(["T", "B"])
+
+
+def latency_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
+    """Mean latency per workload against num_tokens, one series per solution, with the SOL curves.
+
+    Hollow markers are workloads that did not pass (timed, but not a valid result).
+    """
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for solution, group in _by_tokens(frame).groupby("solution", sort=False):
+        timed = group.dropna(subset=["latency_us"])
+        line = ax.plot(timed["T"], timed["latency_us"], marker="o", linestyle="-", linewidth=1, label=solution)[0]
+        failed = timed[timed.status != Status.PASSED.value]
+        if len(failed):
+            ax.scatter(failed["T"], failed["latency_us"], s=70, facecolors="white", edgecolors=line.get_color(), zorder=3)
+    if (frame.status != Status.PASSED.value).any():
+        ax.scatter([], [], s=70, facecolors="white", edgecolors="gray", label="hollow: did not pass")
+    sol = _by_tokens(frame.drop_duplicates("uuid"))
+    if sol["sol_us"].notna().any():
+        ax.plot(sol["T"], sol["sol_us"], color="black", linewidth=2, label="SOL (datasheet peaks)")
+    if sol["sol_us_measured"].notna().any():
+        ax.plot(sol["T"], sol["sol_us_measured"], color="black", linestyle="--", linewidth=1.5, label="SOL (measured ceilings)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("num_tokens T (log scale)")
+    ax.set_ylabel("latency, us (log scale; lower is better)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def percent_of_sol_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
+    """Percent of SOL (datasheet peaks) per workload, workloads ordered by T, one bar group per workload;
+    hatched bars are workloads that did not pass."""
+    data = frame.dropna(subset=["pct_sol"])
+    solutions = list(dict.fromkeys(data.solution))
+    workloads = _by_tokens(data.drop_duplicates("uuid"))
+    fig, ax = plt.subplots(figsize=(11, 5))
+    width = 0.8 / max(len(solutions), 1)
+    for i, solution in enumerate(solutions):
+        mine = data[data.solution == solution].set_index("uuid")
+        values = [mine["pct_sol"].get(uuid, float("nan")) for uuid in workloads.uuid]
+        hatches = ["" if mine["status"].get(uuid) == Status.PASSED.value else "//" for uuid in workloads.uuid]
+        mean = mine["pct_sol"].mean()
+        bars = ax.bar([x + i * width for x in range(len(workloads))], values, width, label=f"{solution} (mean {mean:.1f}%)")
+        for bar, hatch in zip(bars, hatches):
+            bar.set_hatch(hatch)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
+    ax.set_xticklabels([f"T={t}\nB={b}" for t, b in zip(workloads["T"], workloads["B"])], fontsize=7)
+    ax.set_ylabel("percent of SOL (datasheet peaks; higher is better)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_all(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for device, group in frame.groupby("device"):
+        paths.append(latency_figure(group, out_dir / f"{device}-latency.png", f"Latency per workload on {device}"))
+        if group["pct_sol"].notna().any():
+            paths.append(percent_of_sol_figure(group, out_dir / f"{device}-percent-of-sol.png", f"Percent of SOL on {device}"))
+    return paths
