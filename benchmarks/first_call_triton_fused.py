@@ -1,0 +1,45 @@
+"""First-call (compile) time of triton_fused per T bucket, against the next call, in a cold Triton cache.
+
+    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 benchmarks/first_call_triton_fused.py
+
+Each bucket's first call compiles its kernels; the harness's correctness trials absorb it, so no timed
+call compiles (tests/test_triton_fused.py::test_each_bucket_compiles_once checks the caches).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from harness.problem import OUTPUTS, Dims
+from harness.registry import get_solution
+from reference import generate_inputs
+
+BUCKET_REPRESENTATIVES = (64, 128, 256, 512, 2048)
+
+
+def timed_call(run, dims: Dims) -> float:
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    run(*inputs.values(), *outputs)
+    torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    print(f"{'T':>5} {'first call s':>13} {'second call ms':>15} {'compiled variants':>18}")
+    for tokens in BUCKET_REPRESENTATIVES:
+        dims = Dims(4096, tokens)
+        first = timed_call(run, dims)
+        second = timed_call(run, dims)
+        print(f"{tokens:>5} {first:>13.2f} {second * 1e3:>15.2f} {module.compiled_variants():>18}")
+
+
+if __name__ == "__main__":
+    main()
