@@ -48,7 +48,7 @@ def _us(value: float | None) -> str:
 def workload_table(result: BenchResult) -> Table:
     clock = "CUDA events" if result.provenance.device_type == "cuda" else "CPU wall clock"
     title = f"{result.solution.name} on {result.provenance.device_name}, suite {result.config.suite} ({clock}, latencies in us)"
-    columns: dict[str, list[str]] = {name: [] for name in ("#", "B", "T", "status", "mean", "±95%", "median", "n")}
+    columns: dict[str, list[str]] = {name: [] for name in ("#", "B", "T", "status", "mean", "±95%", "median", "n", "host")}
     scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S")}
     ratios_column: list[str] = []
     for w in result.workloads:
@@ -59,7 +59,7 @@ def workload_table(result: BenchResult) -> Table:
             (
                 str(w.index), str(w.batch_seq_len), str(w.num_tokens), f"[{color}]{w.status.value}[/{color}]",
                 _us(t.mean_us if t else None), _us((t.ci95_high_us - t.mean_us) if t else None),
-                _us(t.median_us if t else None), str(t.n) if t else "-",
+                _us(t.median_us if t else None), str(t.n) if t else "-", _us(t.host_us if t else None),
             ),
         ):
             columns[name].append(text)

@@ -82,7 +82,7 @@ class BenchResult(BaseModel):
     provenance: Provenance
     peaks_source: str | None = None
     calibration_source: str | None = None
-    duration_s: float
+    duration_s: float = Field(description="this solution's own seconds: loading it and its workloads")
     workloads: list[WorkloadResult]
 
     @property

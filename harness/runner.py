@@ -159,15 +159,20 @@ class Bench:
 
     def start(self) -> None:
         """Load the solution (an import error becomes every workload's COMPILE_ERROR) and note the clocks."""
-        self._started = time.perf_counter()
+        started = time.perf_counter()
         self._clocks_before = provenance.read_clocks(self.device)
         self._call, self._setup_problem = self._prepare_solution()
+        self._busy_seconds = time.perf_counter() - started  # this solution's own time, also when interleaved
 
     def workload(self, suite: Suite, workload: Workload) -> WorkloadResult:
+        started = time.perf_counter()
         index = suite.workloads.index(workload)
         if self._setup_problem is not None:
-            return self._base(workload, index, *self._setup_problem)
-        return self.run_workload(self._call, workload, index)
+            result = self._base(workload, index, *self._setup_problem)
+        else:
+            result = self.run_workload(self._call, workload, index)
+        self._busy_seconds += time.perf_counter() - started
+        return result
 
     def finish(self, suite: Suite, results: list[WorkloadResult]) -> BenchResult:
         return BenchResult(
@@ -183,7 +188,7 @@ class Bench:
             provenance=provenance.collect(self.device, self._clocks_before),
             peaks_source=self.peaks.source if self.peaks else None,
             calibration_source=self.measured_peaks.source if self.measured_peaks else None,
-            duration_s=time.perf_counter() - self._started,
+            duration_s=self._busy_seconds,
             workloads=results,
         )
 

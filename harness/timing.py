@@ -55,9 +55,12 @@ class TimingStats(BaseModel):
     rel_stderr: float
     warmup_calls: int
     input_sets: int
+    host_us: float  # host time to issue one call (CUDA) or the call itself (CPU); above mean_us, host-bound
 
     @classmethod
-    def from_samples(cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int) -> TimingStats:
+    def from_samples(
+        cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int, host_us: float
+    ) -> TimingStats:
         n = len(samples_us)
         mean = statistics.fmean(samples_us)
         std = statistics.stdev(samples_us) if n > 1 else 0.0
@@ -76,6 +79,7 @@ class TimingStats(BaseModel):
             rel_stderr=stderr / mean if mean > 0 else 0.0,
             warmup_calls=warmup_calls,
             input_sets=input_sets,
+            host_us=host_us,
         )
 
 
@@ -86,7 +90,9 @@ def _converged(samples: list[float], config: TimingConfig) -> bool:
     return statistics.stdev(samples) / math.sqrt(len(samples)) < config.target_rel_stderr * mean
 
 
-HEAD_START_CYCLES = 2_000_000  # about 1 ms at the H200's 1980 MHz
+# GPU cycles per second assumed when sizing the head start (the H200 runs at up to 1980 MHz); it only
+# needs to be long enough, not exact.
+SPIN_CYCLES_PER_SECOND = 2.0e9
 
 
 class L2Flusher:
@@ -117,20 +123,29 @@ def _time_cuda(
     call: Callable[[int], None], prepare: Callable[[int], None], input_sets: int, device: torch.device, config: TimingConfig
 ) -> TimingStats:
     flush = L2Flusher(device)
+    host_seconds = []
     for k in range(config.warmup_calls):
+        torch.cuda.synchronize(device)
+        begin = time.perf_counter()
         prepare(k % input_sets)
+        flush()
         call(k % input_sets)
+        host_seconds.append(time.perf_counter() - begin)
     torch.cuda.synchronize(device)
+    host_per_call = statistics.median(host_seconds)
+    # The events time the GPU's work. After each synchronisation the GPU's queue is empty, and where the
+    # host needs longer to issue an iteration (prepare, flush, the solution's launches) than the GPU needs
+    # to run it, later calls would time the host instead (seen on the H200: eager PyTorch and small-T
+    # Triton calls varied 1.5x). A spin on the GPU as long as 1.5x the host's time for the whole batch
+    # keeps the queue full, so every call of a batch starts when its predecessor ends.
+    head_start_cycles = int(max(1e-3, 1.5 * config.batch_calls * host_per_call) * SPIN_CYCLES_PER_SECOND)
 
     samples: list[float] = []
     started = time.perf_counter()
     k = 0
     while len(samples) < config.max_calls:
         events = []
-        # After a synchronisation the GPU's queue is empty, so the first call of a batch would also time
-        # the host's launch latency (seen on the H200: one slow call in ten for eager PyTorch). A short
-        # spin on the GPU lets the host queue ahead again, as it is in every later call of the batch.
-        torch.cuda._sleep(HEAD_START_CYCLES)
+        torch.cuda._sleep(head_start_cycles)
         for _ in range(config.batch_calls):
             prepare(k % input_sets)
             flush()
@@ -144,7 +159,7 @@ def _time_cuda(
         samples.extend(start.elapsed_time(end) * 1e3 for start, end in events)
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets)
+    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets, host_per_call * 1e6)
 
 
 def _time_cpu(
@@ -165,4 +180,4 @@ def _time_cpu(
             k += 1
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cpu_wall", config.warmup_calls, input_sets)
+    return TimingStats.from_samples(samples, "cpu_wall", config.warmup_calls, input_sets, statistics.fmean(samples))

@@ -48,7 +48,7 @@ def test_invalid_result_file_names_file_and_field(tmp_path: Path, bench_result) 
 
 
 def test_timing_statistics_from_samples() -> None:
-    stats = TimingStats.from_samples([10.0, 12.0, 14.0, 16.0], "cuda_events", warmup_calls=3, input_sets=3)
+    stats = TimingStats.from_samples([10.0, 12.0, 14.0, 16.0], "cuda_events", warmup_calls=3, input_sets=3, host_us=5.0)
     assert (stats.mean_us, stats.median_us, stats.min_us, stats.max_us, stats.n) == (13.0, 13.0, 10.0, 16.0, 4)
     assert stats.std_us == pytest.approx(2.5820, abs=1e-4)
     half = 3.182 * 2.5820 / 2  # t(0.975, 3 dof) * std / sqrt(n)
