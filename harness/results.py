@@ -15,7 +15,7 @@ from harness.status import Status
 from harness.timing import TimingStats
 
 RESULTS_DIR = REPO_ROOT / "results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: timing.host_us
 CALIBRATION_FILE = "calibration.json"
 
 

@@ -55,7 +55,9 @@ class TimingStats(BaseModel):
     rel_stderr: float
     warmup_calls: int
     input_sets: int
-    host_us: float  # host time to issue one call (CUDA) or the call itself (CPU); above mean_us, host-bound
+    # Host time to issue one call (CUDA) or the call itself (CPU); above mean_us, the solution is host-bound.
+    # None in files of schema 1, which did not record it.
+    host_us: float | None = None
 
     @classmethod
     def from_samples(
