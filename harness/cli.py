@@ -97,12 +97,16 @@ def bench(
     target_stderr: Annotated[float, typer.Option(help="stop timing when stderr/mean falls below this")] = 0.01,
     results_dir: Annotated[Path, typer.Option(help="where result files are written")] = RESULTS_DIR,
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
+    isolation: Annotated[bool, typer.Option(help="each solution in its own worker process (--no-isolation: all in this one)")] = True,
+    compile_timeout: Annotated[float, typer.Option(help="seconds to load a solution, added to its first workload's limit")] = 600.0,
+    run_timeout: Annotated[float, typer.Option(help="seconds for one workload (trials and timing) before TIMEOUT")] = 600.0,
 ) -> None:
     """Check solutions against the float32 reference and time them on every workload of a suite.
 
-    Several solutions run side by side in one process, interleaved per workload; each gets its own file.
+    Several solutions run side by side, interleaved per workload; each gets its own result file.
     """
-    from harness.runner import Bench, BenchOptions, run_side_by_side
+    from harness.isolation import Timeouts, run_isolated
+    from harness.runner import Bench, BenchOptions, Scorer, run_side_by_side
 
     dev = pick_device(device)
     if suite is None:
@@ -122,7 +126,8 @@ def bench(
             input_sets=input_sets,
             timing=TimingConfig(max_calls=max_calls, target_rel_stderr=target_stderr),
         )
-        benches = [Bench(sol, dev, options, results_dir) for sol in solutions]
+        benches = [] if isolation else [Bench(sol, dev, options, results_dir) for sol in solutions]
+        scorer = Scorer(dev, results_dir)
     except USER_ERRORS as exc:
         fail(str(exc).strip("'\""))
     for sol in solutions:
@@ -133,12 +138,19 @@ def bench(
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
     ) as progress:
-        task = progress.add_task(f"{label} on {provenance.device_name(dev)}", total=len(chosen) * len(benches))
+        task = progress.add_task(f"{label} on {provenance.device_name(dev)}", total=len(chosen) * len(solutions))
 
-        def advance(bench: Bench, result: WorkloadResult) -> None:
-            progress.update(task, advance=1, description=f"{bench.solution.name}: #{result.index} {result.status.value}")
+        def advance(name: str, result: WorkloadResult) -> None:
+            progress.update(task, advance=1, description=f"{name}: #{result.index} {result.status.value}")
 
-        results = run_side_by_side(benches, chosen_suite, chosen, advance)
+        if isolation:
+            by_name = run_isolated(
+                [sol.name for sol in solutions], solutions_dir, str(dev), options, results_dir, chosen_suite, chosen,
+                Timeouts(compile_s=compile_timeout, run_s=run_timeout), scorer, advance,
+            )  # fmt: skip
+            results = list(by_name.values())
+        else:
+            results = run_side_by_side(benches, chosen_suite, chosen, lambda bench, result: advance(bench.solution.name, result))
 
     # A run over part of a suite never replaces the file of a full run: compare reads full runs only.
     partial = len(chosen) < len(chosen_suite.workloads)

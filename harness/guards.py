@@ -6,12 +6,21 @@
 - An output that shares memory with an input fails.
 - Process-wide numeric settings (TF32 flags, default dtype, ...) are recorded before and compared
   after: a solution that passes only by changing them (and thereby the reference) is caught.
+- Timing, synchronisation and harness functions are compared by identity after every call (patching).
+- After a call returns, no thread may still run the solution's code, and every output must be a plain
+  torch.Tensor (a subclass can compute lazily, when the checker reads it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,7 +37,7 @@ def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in tensors.items()}
 
 
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
+def bits(tensor: torch.Tensor) -> torch.Tensor:
     """Reinterpret as integers so that NaN payloads and -0.0 compare exactly."""
     if tensor.is_floating_point():
         return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
@@ -43,7 +52,7 @@ def mutated_inputs(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
         if (
             current.shape != original.shape
             or current.dtype != original.dtype
-            or not torch.equal(_bits(current), _bits(original))
+            or not torch.equal(bits(current), bits(original))
         ):
             changed.append(name)
     return changed
@@ -122,3 +131,79 @@ def strict_fp32() -> Iterator[None]:
 def changed_settings(before: dict[str, object]) -> list[str]:
     after = numeric_settings()
     return [name for name, value in before.items() if after[name] != value]
+
+
+# Functions whose identity is checked after every call: timing and synchronisation (a solution that
+# patches them could fake its time) and every function of the harness itself (its checks).
+_WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
+    (time, ("perf_counter", "perf_counter_ns", "time", "monotonic")),
+    (torch.cuda, ("synchronize", "Event", "Stream", "current_stream", "_sleep")),
+    (torch.cuda.Event, ("record", "elapsed_time", "synchronize", "query", "wait")),
+    (torch.cuda.Stream, ("synchronize", "wait_stream", "wait_event", "record_event")),
+    (torch, ("equal", "isnan", "isinf", "isfinite")),
+    (torch.Tensor, ("copy_", "fill_", "clone", "float", "view", "abs", "max", "mean", "__sub__", "__le__")),
+)
+_WATCHED_PACKAGES = ("harness", "reference")
+
+
+def watched_functions() -> dict[str, tuple[object, str, object]]:
+    """name -> (owner, attribute, current object) for every watched function."""
+    watched: dict[str, tuple[object, str, object]] = {}
+    for owner, names in _WATCHED_ATTRIBUTES:
+        for name in names:
+            if hasattr(owner, name):
+                watched[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, getattr(owner, name))
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".")[0] not in _WATCHED_PACKAGES:
+            continue
+        for name, value in list(vars(module).items()):
+            if callable(value) and not name.startswith("__"):
+                watched[f"{module_name}.{name}"] = (module, name, value)
+    return watched
+
+
+def patched_functions(before: dict[str, tuple[object, str, object]]) -> list[str]:
+    """Names of watched functions replaced since `before`; the originals are put back."""
+    replaced = []
+    for name, (owner, attribute, original) in before.items():
+        if getattr(owner, attribute, None) is not original:
+            replaced.append(name)
+            setattr(owner, attribute, original)
+    return replaced
+
+
+def threads_running_code_in(folder: Path) -> list[str]:
+    """Threads (other than this one) with a frame of a file under `folder` on their stack.
+
+    Checked right after a call returns: a solution's thread still executing its code then is finishing
+    the work outside the timed window. Idle worker threads (torch.compile's, say) sit in library code.
+    """
+    prefix = str(folder.resolve()) + os.sep
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    running = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        while frame is not None:
+            if frame.f_code.co_filename.startswith(prefix):
+                running.append(names.get(ident, str(ident)))
+                break
+            frame = frame.f_back
+    return running
+
+
+@dataclass(frozen=True)
+class Pristine:
+    """The numeric settings and watched functions as they were before a solution was imported."""
+
+    settings: dict[str, object]
+    functions: dict[str, tuple[object, str, object]]
+
+    @classmethod
+    def now(cls) -> Pristine:
+        return cls(numeric_settings(), watched_functions())
+
+
+def not_plain_tensors(outputs: Sequence[object]) -> list[str]:
+    """Outputs that are tensor subclasses (which can compute lazily, on access) rather than torch.Tensor."""
+    return [type(out).__name__ for out in outputs if isinstance(out, torch.Tensor) and type(out) is not torch.Tensor]

@@ -1,0 +1,230 @@
+"""Each solution in its own worker process, so that a crash, a hang or a corrupted CUDA context costs one
+workload and not the run, and the solution never shares a process with the bookkeeping.
+
+The parent (this module) drives one worker per solution (`python -m harness.worker`) over two pipes
+that are neither stdin nor stdout: commands go down one, results come up the other, each message a JSON
+line carrying a nonce the parent made for that worker. The worker's stdout and stderr (the solution's
+prints) go to a log file, whose tail is quoted when a worker dies. The parent expects every workload it
+asked for: a result that does not come within the timeout is TIMEOUT (the worker is killed), a worker
+that exits is RUNTIME_ERROR (or COMPILE_ERROR before its first result), and in both cases a fresh worker
+takes the remaining workloads. The parent re-derives the roofline verdicts from the reported times.
+
+What this does not stop: code running inside the worker can, in principle, read the worker's memory
+(the nonce included) and write to its pipe. The nonce turns forging a result from printing a line into
+searching the interpreter's objects; the checks that matter (poisoned outputs, input snapshots, the
+reference comparison) run in the worker before any result is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harness.results import BenchResult, WorkloadResult
+from harness import provenance
+from harness.registry import get_solution
+from harness.runner import BASELINE_SOLUTION, BenchOptions, Scorer, bench_config, solution_record
+from harness.status import Status
+from harness.workloads import Suite, Workload
+
+LOG_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    compile_s: float = 600.0  # loading the solution, and on top of run_s for its first workload (JIT)
+    run_s: float = 600.0  # one workload: its trials and its timing
+
+
+class Worker:
+    """The parent's handle on one solution's worker process."""
+
+    def __init__(self, solution: str, solutions_dir: Path, device: str, options: BenchOptions, results_dir: Path, suite: Suite, timeouts: Timeouts):
+        self.solution = solution
+        self.setup = {
+            "solution": solution,
+            "solutions_dir": str(solutions_dir),
+            "device": device,
+            "options": {"trials": options.trials, "seed": options.seed, "input_sets": options.input_sets, "timing": asdict(options.timing)},
+            "results_dir": str(results_dir),
+            "suite": suite.model_dump(mode="json"),
+        }
+        self.timeouts = timeouts
+        self.busy_seconds = 0.0
+        self.finished: BenchResult | None = None
+        self.log = Path(tempfile.mkstemp(prefix=f"harness-{solution}-", suffix=".log")[1])
+        self._process: subprocess.Popen | None = None
+        self._first_result_pending = True
+        self._setup_problem: tuple[Status, str] | None = None
+
+    # -- process management -------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        self.nonce = secrets.token_hex(16)
+        command_read, command_write = os.pipe()
+        result_read, result_write = os.pipe()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log, "a") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "harness.worker", str(command_read), str(result_write)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(command_read, result_write),
+                env=env,
+            )
+        os.close(command_read)
+        os.close(result_write)
+        self._commands = os.fdopen(command_write, "w")
+        self._replies: queue.Queue[dict | None] = queue.Queue()
+        reader = threading.Thread(target=self._read, args=(os.fdopen(result_read, "r"),), daemon=True)
+        reader.start()
+        self._send({**self.setup, "nonce": self.nonce})
+        self._first_result_pending = True
+        reply = self._receive(self.timeouts.compile_s)
+        if reply is None or not reply.get("ready"):
+            self._setup_problem = (Status.COMPILE_ERROR, self._died("while loading the solution", reply))
+            self._kill()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            try:
+                message = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # not a message of the worker's (the nonce check would refuse it anyway)
+            if isinstance(message, dict) and message.get("nonce") == self.nonce:
+                self._replies.put(message)
+        self._replies.put(None)
+
+    def _send(self, message: dict) -> None:
+        try:
+            self._commands.write(json.dumps(message) + "\n")
+            self._commands.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # the worker is gone; _receive reports it
+
+    def _receive(self, timeout: float) -> dict | None:
+        try:
+            return self._replies.get(timeout=timeout)
+        except queue.Empty:
+            return {"timeout": timeout}
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+        if self._process is not None:
+            self._process.wait()
+        self._process = None
+
+    def _died(self, when: str, reply: dict | None) -> str:
+        if reply is not None and "timeout" in reply:
+            return f"no answer within {reply['timeout']:.0f} s {when}"
+        if reply is not None and "error" in reply:
+            return reply["error"]
+        code = self._process.wait() if self._process is not None else None
+        tail = self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:].strip()
+        return f"the worker process exited (code {code}) {when}" + (f"; its last output:\n{tail}" if tail else "")
+
+    # -- the protocol ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        started = time.perf_counter()
+        self._spawn()
+        self.busy_seconds += time.perf_counter() - started
+
+    def workload(self, workload: Workload, index: int, baseline_us: float | None, scorer: Scorer) -> WorkloadResult:
+        started = time.perf_counter()
+        try:
+            return scorer.rescore(self._workload(workload, index, baseline_us, scorer))
+        finally:
+            self.busy_seconds += time.perf_counter() - started
+
+    def _workload(self, workload: Workload, index: int, baseline_us: float | None, scorer: Scorer) -> WorkloadResult:
+        if self._process is None and self._setup_problem is None:
+            self._spawn()
+        if self._setup_problem is not None:
+            return scorer.base(workload, index, *self._setup_problem)
+        self._send({"nonce": self.nonce, "workload": workload.uuid, "baseline_us": baseline_us})
+        timeout = self.timeouts.run_s + (self.timeouts.compile_s if self._first_result_pending else 0.0)
+        reply = self._receive(timeout)
+        if reply is not None and "result" in reply:
+            try:
+                result = WorkloadResult.model_validate(reply["result"])
+            except ValidationError as exc:
+                self._kill()
+                return scorer.base(workload, index, Status.RUNTIME_ERROR, f"the worker sent an invalid result: {exc.errors()[0]['msg']}")
+            if result.uuid == workload.uuid:
+                self._first_result_pending = False
+                return result
+            reply = {"error": f"the worker answered for workload {result.uuid}, not {workload.uuid}"}
+        status = Status.TIMEOUT if reply is not None and "timeout" in reply else Status.RUNTIME_ERROR
+        message = self._died(f"during workload {index} ({workload.label})", reply)
+        self._kill()  # a fresh worker takes the next workload
+        return scorer.base(workload, index, status, message)
+
+    def finish(self) -> BenchResult | None:
+        """The worker's summary (provenance, config); None if no worker could give one."""
+        if self._process is None and self._setup_problem is None:
+            self._spawn()
+        if self._process is not None:
+            self._send({"nonce": self.nonce, "finish": True})
+            reply = self._receive(self.timeouts.run_s)
+            self._commands.close()
+            self._kill()
+            if reply is not None and "finish" in reply:
+                return BenchResult.model_validate(reply["finish"])
+        return None
+
+
+def run_isolated(
+    solutions: list[str],
+    solutions_dir: Path,
+    device: str,
+    options: BenchOptions,
+    results_dir: Path,
+    suite: Suite,
+    workloads: list[Workload],
+    timeouts: Timeouts,
+    scorer: Scorer,
+    on_done=lambda solution, result: None,
+) -> dict[str, BenchResult]:
+    """Like runner.run_side_by_side, with every solution in its own worker process."""
+    ordered = sorted(solutions, key=lambda name: name != BASELINE_SOLUTION)
+    workers = {name: Worker(name, solutions_dir, device, options, results_dir, suite, timeouts) for name in ordered}
+    for worker in workers.values():
+        worker.start()
+    collected: dict[str, list[WorkloadResult]] = {name: [] for name in ordered}
+    baseline = scorer.baseline_from_file()
+    for workload in workloads:
+        index = suite.workloads.index(workload)
+        for name, worker in workers.items():
+            result = worker.workload(workload, index, baseline.get(workload.uuid), scorer.for_solution(name))
+            collected[name].append(result)
+            if name == BASELINE_SOLUTION and result.latency_us is not None:
+                baseline[workload.uuid] = result.latency_us
+            on_done(name, result)
+    results = {}
+    for name, worker in workers.items():
+        summary = worker.finish()
+        if summary is None:  # no worker lived to the end: the parent describes the run itself
+            summary = BenchResult(
+                solution=solution_record(get_solution(name, solutions_dir)),
+                config=bench_config(suite, options),
+                provenance=provenance.collect(scorer.device, provenance.Clocks()),
+                duration_s=0.0,
+                workloads=[],
+            )
+        summary.workloads = collected[name]
+        summary.duration_s = worker.busy_seconds
+        results[name] = summary
+        worker.log.unlink(missing_ok=True)
+    return {name: results[name] for name in solutions}

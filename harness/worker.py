@@ -1,0 +1,59 @@
+"""The worker process of harness.isolation: runs one solution's workloads as the parent asks.
+
+    python -m harness.worker COMMAND_FD RESULT_FD
+
+Reads JSON commands from COMMAND_FD (setup first, then one workload at a time, then finish) and writes
+JSON replies, each with the parent's nonce, to RESULT_FD. stdout and stderr are the solution's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from harness.registry import get_solution
+from harness.runner import Bench, BenchOptions
+from harness.timing import TimingConfig
+from harness.workloads import Suite
+
+
+def main(command_fd: int, result_fd: int) -> int:
+    commands = os.fdopen(command_fd, "r")
+    results = os.fdopen(result_fd, "w")
+    setup = json.loads(commands.readline())
+    nonce = setup["nonce"]
+
+    def send(message: dict) -> None:
+        results.write(json.dumps({"nonce": nonce, **message}) + "\n")
+        results.flush()
+
+    try:
+        suite = Suite.model_validate(setup["suite"])
+        raw = setup["options"]
+        options = BenchOptions(trials=raw["trials"], seed=raw["seed"], input_sets=raw["input_sets"], timing=TimingConfig(**raw["timing"]))
+        solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
+        bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
+        bench.start()
+    except Exception as exc:  # reported to the parent, which marks the workloads
+        send({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    send({"ready": True})
+    by_uuid = {workload.uuid: workload for workload in suite.workloads}
+    for line in commands:
+        command = json.loads(line)
+        if command.get("finish"):
+            send({"finish": json.loads(bench.finish(suite, []).model_dump_json())})
+            return 0
+        workload = by_uuid[command["workload"]]
+        if command.get("baseline_us") is not None:
+            bench.baseline[workload.uuid] = command["baseline_us"]
+        send({"result": json.loads(bench.workload(suite, workload).model_dump_json())})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), int(sys.argv[2])))

@@ -1,0 +1,106 @@
+"""Deliberately bad solutions (tests/adversarial/solutions/): the harness must catch each with its status.
+
+They run as a user would run them: `harness bench` with isolation, side by side, on the smoke suite
+(CPU) or on one public workload (GPU). The honest solutions run three times with no false positive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.workloads import load_named_suite
+from tests.conftest import HAS_CUDA
+
+ADVERSARIES = Path(__file__).resolve().parent / "solutions"
+SMOKE = load_named_suite("smoke").workloads
+HANG_OR_CRASH_T = 17  # the workload on which sleeps_past_timeout and crashes_mid_suite misbehave
+
+
+def every(status: str) -> list[str]:
+    return [status] * len(SMOKE)
+
+
+def except_at_t17(status: str) -> list[str]:
+    return [status if w.num_tokens == HANG_OR_CRASH_T else "PASSED" for w in SMOKE]
+
+
+# What each adversary must get on each smoke workload, in suite order.
+EXPECTED: dict[str, list[str]] = {
+    "cache_by_pointer": every("REWARD_HACK"),
+    "cache_by_fingerprint": every("REWARD_HACK"),
+    "selected_rows_only": ["PASSED" if w.num_tokens == w.batch_seq_len else "INCORRECT_NUMERICAL" for w in SMOKE],
+    "mutates_input": every("REWARD_HACK"),
+    "aliases_input": every("REWARD_HACK"),
+    "finishes_on_thread": every("REWARD_HACK"),
+    "patches_elapsed_time": every("REWARD_HACK"),
+    "enables_tf32": every("REWARD_HACK"),
+    "lazy_subclass": every("REWARD_HACK"),
+    "wrong_dtype": every("INCORRECT_DTYPE"),
+    "sleeps_past_timeout": except_at_t17("TIMEOUT"),
+    "crashes_mid_suite": except_at_t17("RUNTIME_ERROR"),
+}
+# Words the verdict's message must contain, so that each is caught for the right reason.
+REASONS = {
+    "cache_by_pointer": "replayed outputs",
+    "cache_by_fingerprint": "replayed outputs",
+    "mutates_input": "modified inputs: selected_weights",
+    "aliases_input": "aliases input grad_output",
+    "finishes_on_thread": "threads still running",
+    "patches_elapsed_time": "Event.elapsed_time",
+    "enables_tf32": "allow_tf32",
+    "lazy_subclass": "Deferred",
+    "wrong_dtype": "dtype torch.float32",
+    "sleeps_past_timeout": "no answer within",
+    "crashes_mid_suite": "exited (code 139)",
+}
+
+
+def bench(tmp_path: Path, solutions: str, solutions_dir: Path | None = None, *extra: str):
+    args = ["bench", "-s", solutions, "--results-dir", str(tmp_path), "--trials", "3", "--max-calls", "10", *extra]
+    if solutions_dir is not None:
+        args += ["--solutions-dir", str(solutions_dir)]
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def statuses(tmp_path: Path, device: str, name: str, partial: bool = False) -> list[dict]:
+    folder = tmp_path / device / ("partial" if partial else "")
+    return json.loads((folder / f"{name}.json").read_text())["workloads"]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU run of the adversaries; the GPU run is test_adversaries_on_gpu")
+def test_every_adversary_is_caught_on_cpu(tmp_path: Path) -> None:
+    result = bench(tmp_path, ",".join(EXPECTED), ADVERSARIES, "--suite", "smoke", "--run-timeout", "20", "--compile-timeout", "60")
+    assert result.exit_code == 1, result.output  # the run failed, and says so
+    for name, expected in EXPECTED.items():
+        workloads = statuses(tmp_path, "cpu", name)
+        assert [w["status"] for w in workloads] == expected, (name, [w["message"][:200] for w in workloads])
+        caught = [w for w in workloads if w["status"] != "PASSED"]
+        if name in REASONS:
+            assert all(REASONS[name] in w["message"] for w in caught), (name, caught[0]["message"])
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CPU run; on the GPU the same holds for the public suite")
+def test_honest_solutions_see_no_false_positive_in_three_runs(tmp_path: Path) -> None:
+    for run in range(3):
+        result = bench(tmp_path / str(run), "reference_fp32,torch_eager,torch_cublas", None, "--seed", str(run))
+        assert result.exit_code == 0, result.output
+        for name in ("reference_fp32", "torch_eager", "torch_cublas"):
+            assert {w["status"] for w in statuses(tmp_path / str(run), "cpu", name)} == {"PASSED"}
+
+
+@pytest.mark.gpu
+def test_adversaries_on_gpu(tmp_path: Path) -> None:
+    """Every adversary, the side-stream one too, on one public workload (T=64, B=256) on the GPU."""
+    names = [n for n in EXPECTED if n not in ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only")]
+    names += ["side_stream", "selected_rows_only"]
+    bench(tmp_path, ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
+    want = {name: EXPECTED[name][0] for name in names if name in EXPECTED}
+    want.update(side_stream="REWARD_HACK", selected_rows_only="INCORRECT_NUMERICAL")
+    got = {name: statuses(tmp_path, "nvidia-h200", name, partial=True)[0] for name in names}
+    assert {name: w["status"] for name, w in got.items()} == want, {n: w["message"][:200] for n, w in got.items()}
+    assert "GPU work ran" in got["side_stream"]["message"]
