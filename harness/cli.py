@@ -18,7 +18,7 @@ from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solutio
 from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, result_path, save
 from harness.status import Status
 from harness.timing import TimingConfig
-from harness.workloads import ManifestError, available_suites, load_named_suite, load_suite
+from harness.workloads import WORKLOADS_DIR, ManifestError, available_suites, load_named_suite, load_suite
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark harness for the MoE expert SwiGLU backward.")
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.
@@ -243,6 +243,63 @@ def plot(
         fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
     for path in plot_all(frame, out):
         console.print(f"wrote {path}", highlight=False)
+
+
+@app.command("export")
+def export_cmd(
+    solution: Annotated[str, typer.Option("--solution", "-s", help="the solution whose result file to export")],
+    fmt: Annotated[str, typer.Option("--format", help="leaderboard (one JSON file) or sol-execbench (a folder)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the JSON file (leaderboard) or folder (sol-execbench)")],
+    device: Annotated[Optional[str], typer.Option(help="device folder of the result, e.g. nvidia-h200; needed if several have it")] = None,
+    partial: Annotated[bool, typer.Option("--partial", help="export even if some workloads did not pass; the record says so")] = False,
+    results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
+    solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
+) -> None:
+    """Export a solution's result as a leaderboard record or in SOL-ExecBench's formats."""
+    from harness.export import ExportError, leaderboard_record, write_sol_execbench
+    from harness.results import load_result
+
+    if fmt not in ("leaderboard", "sol-execbench"):
+        fail(f"--format must be leaderboard or sol-execbench, got '{fmt}'")
+    candidates = sorted(p for p in results_dir.glob(f"*/{solution}.json") if device is None or p.parent.name == device)
+    if not candidates:
+        fail(f"no result file for '{solution}' under {results_dir}" + (f"/{device}" if device else "") + "; run harness bench first")
+    if len(candidates) > 1:
+        fail(f"results for '{solution}' on several devices ({', '.join(p.parent.name for p in candidates)}): choose one with --device")
+    path = candidates[0]
+    try:
+        result = load_result(path)
+        sol = get_solution(solution, solutions_dir)
+        if fmt == "leaderboard":
+            record = leaderboard_record(result, sol, results_dir, path.parent.name, partial)
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(record.model_dump_json(indent=1) + "\n")
+            written = [output]
+        else:
+            written = write_sol_execbench(result, sol, load_named_suite(result.config.suite), output, partial)
+    except (ExportError, *USER_ERRORS) as exc:
+        fail(str(exc))
+    for written_path in written:
+        console.print(f"wrote {written_path}", highlight=False)
+
+
+@app.command("import-workloads")
+def import_workloads_cmd(
+    file: Annotated[Path, typer.Argument(help="a SOL-ExecBench workload.jsonl")],
+    name: Annotated[str, typer.Option(help="the suite's name; the manifest is workloads/NAME.yaml unless --output says otherwise")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write the YAML manifest")] = None,
+    description: Annotated[str, typer.Option(help="the suite's description")] = "",
+) -> None:
+    """Turn a SOL-ExecBench workload file into a workload manifest of ours."""
+    from harness.solexecbench import FormatError, import_workloads, suite_yaml
+
+    try:
+        suite = import_workloads(file, name, description or f"Imported from {file.name}.")
+    except FormatError as exc:
+        fail(str(exc))
+    target = output or WORKLOADS_DIR / f"{name}.yaml"
+    target.write_text(suite_yaml(suite))
+    console.print(f"wrote {target} ({len(suite.workloads)} workloads)", highlight=False)
 
 
 @app.command()

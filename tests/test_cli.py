@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -111,3 +112,19 @@ def test_plot_writes_figures(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     figure = tmp_path / "figures" / "cpu-latency.png"
     assert figure.is_file() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_and_import_commands(tmp_path: Path) -> None:
+    record = tmp_path / "record.json"
+    result = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--device", "nvidia-h200")
+    assert result.exit_code == 0, result.output
+    assert json.loads(record.read_text())["aggregates"]["passed"] == "16/16"
+    refused = invoke("export", "-s", "torch_eager", "--format", "leaderboard", "-o", str(tmp_path / "e.json"))
+    assert refused.exit_code == 2 and "--partial" in refused.output
+    missing = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--results-dir", str(tmp_path))
+    assert missing.exit_code == 2 and "no result file" in missing.output
+    manifest = tmp_path / "imported.yaml"
+    data = Path(__file__).resolve().parent / "data" / "sol-execbench-009-workload.jsonl"
+    imported = invoke("import-workloads", str(data), "--name", "imported", "-o", str(manifest))
+    assert imported.exit_code == 0 and "16 workloads" in imported.output
+    assert "uuid: 65d4e462-8635-5572-8b83-344b86af55f2" in manifest.read_text()

@@ -1,0 +1,287 @@
+"""Submissions from result files: a leaderboard-style JSON record, and the SOL-ExecBench formats.
+
+Both take a solution's committed result file and its sources; the sources must be the ones that were
+measured (their sha256 must match the result's), and a solution that did not pass every workload is
+exported only when asked, marked partial.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from harness import __version__
+from harness.compare import load_frame, summary
+from harness.problem import FFN_DIM, HIDDEN_DIM, MODEL, NAME, PUBLIC_ALIAS
+from harness.provenance import REPO_ROOT
+from harness.registry import Solution
+from harness.results import BenchResult, WorkloadResult
+from harness.solexecbench import (
+    Correctness,
+    Environment,
+    Evaluation,
+    Performance,
+    SolutionOut,
+    SolutionSpecOut,
+    SourceFile,
+    TraceLine,
+    WorkloadLine,
+    definition,
+    workload_jsonl,
+)
+from harness.status import Status
+from harness.workloads import Suite
+
+# The files that define the problem, bundled into the one self-contained reference source of the
+# SOL-ExecBench definition, in dependency order.
+REFERENCE_MODULES = ("harness/problem.py", "reference/inputs.py", "reference/moe_backward.py")
+REFERENCE_ENTRY_POINTS = '''
+
+def run(*inputs):
+    """The reference as the benchmark defines it, with TF32 off whatever the caller had set."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        return reference_backward(*inputs)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def custom_inputs(axes, device="cuda", seed=0):
+    """One input set for the workload's axes (batch_seq_len, num_tokens), drawn as the benchmark draws it."""
+    return generate_inputs(Dims(axes["batch_seq_len"], axes["num_tokens"]), seed, device)
+'''
+
+
+class ExportError(ValueError):
+    """A result that cannot be exported; the message says why and what to do."""
+
+
+def bundled_reference_source() -> str:
+    """The problem's modules as one module that imports nothing of this project."""
+    future, body = "from __future__ import annotations\n", []
+    for relative in REFERENCE_MODULES:
+        for line in (REPO_ROOT / relative).read_text().splitlines():
+            if line == future.strip() or line.startswith(("from harness", "from reference", "import harness")):
+                continue
+            body.append(line)
+    return future + "\n".join(body) + REFERENCE_ENTRY_POINTS
+
+
+def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
+    """The solution's sources, refused unless each is byte for byte the one the result measured."""
+    sources = solution.sources()
+    expected = result.solution.source_sha256
+    changed = [
+        path for path in sorted(set(sources) | set(expected))
+        if hashlib.sha256(sources.get(path, "").encode()).hexdigest() != expected.get(path)
+    ]  # fmt: skip
+    if changed:
+        raise ExportError(
+            f"the sources of '{solution.name}' differ from those its result measured ({', '.join(changed)}): "
+            "bench it again, then export"
+        )
+    return sources
+
+
+def _require_complete(result: BenchResult, partial: bool) -> None:
+    failed = [w for w in result.workloads if w.status is not Status.PASSED]
+    if failed and not partial:
+        listed = ", ".join(f"#{w.index} {w.status.value}" for w in failed[:6])
+        raise ExportError(
+            f"'{result.solution.name}' passed {result.passed}/{len(result.workloads)} workloads ({listed}); "
+            "pass --partial to export it anyway, marked as partial"
+        )
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+# -- leaderboard record -----------------------------------------------------------------------------------
+
+
+class LatencyStats(BaseModel):
+    mean: float
+    median: float
+    std: float
+    min: float
+    max: float
+    n: int
+    ci95_low: float
+    ci95_high: float
+
+
+class RecordWorkload(BaseModel):
+    uuid: str
+    axes: dict[str, int]
+    status: str
+    latency_us: LatencyStats | None
+    percent_of_sol: float | None
+    percent_of_sol_measured: float | None
+    sol_score: float | None
+    max_abs_error: float | None
+    max_rel_error: float | None
+
+
+class LeaderboardRecord(BaseModel):
+    format: str = "moe-bench-leaderboard/1"
+    partial: bool
+    problem: dict[str, object]
+    hardware: dict[str, object]
+    protocol: dict[str, object]
+    suite: dict[str, object]
+    aggregates: dict[str, object]
+    workloads: list[RecordWorkload]
+    implementation: dict[str, object]
+    environment: dict[str, object]
+
+
+def _worst_errors(w: WorkloadResult) -> tuple[float | None, float | None]:
+    outputs = [o for trial in w.trials for o in trial.outputs if o.max_abs_error is not None]
+    if not outputs:
+        return None, None
+    return max(o.max_abs_error for o in outputs), max(o.max_rel_error for o in outputs)
+
+
+def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Path, device_slug: str, partial: bool) -> LeaderboardRecord:
+    _require_complete(result, partial)
+    sources = measured_sources(result, solution)
+    frame = load_frame(results_dir, device_slug, None)
+    frame = frame[frame.suite == result.config.suite]
+    row = summary(frame[frame.solution == result.solution.name]).iloc[0]
+    scores = frame[frame.solution == result.solution.name].set_index("uuid")["sol_score"]
+    prov = result.provenance
+    workloads = []
+    for w in result.workloads:
+        t = w.timing
+        max_abs, max_rel = _worst_errors(w)
+        workloads.append(
+            RecordWorkload(
+                uuid=w.uuid,
+                axes={"batch_seq_len": w.batch_seq_len, "num_tokens": w.num_tokens, "hidden_dim": w.hidden_dim, "ffn_dim": w.ffn_dim},
+                status=w.status.value,
+                latency_us=LatencyStats(
+                    mean=t.mean_us, median=t.median_us, std=t.std_us, min=t.min_us, max=t.max_us, n=t.n,
+                    ci95_low=t.ci95_low_us, ci95_high=t.ci95_high_us,
+                ) if t else None,  # fmt: skip
+                percent_of_sol=w.percent_of_sol,
+                percent_of_sol_measured=w.percent_of_sol_measured,
+                sol_score=_finite(float(scores.get(w.uuid, math.nan))),
+                max_abs_error=max_abs,
+                max_rel_error=max_rel,
+            )
+        )
+    return LeaderboardRecord(
+        partial=result.passed < len(result.workloads),
+        problem={
+            "name": NAME, "alias": PUBLIC_ALIAS, "model": MODEL,
+            "axes": {"hidden_dim": HIDDEN_DIM, "ffn_dim": FFN_DIM, "batch_seq_len": "var", "num_tokens": "var"},
+        },  # fmt: skip
+        hardware={"device": prov.device_name, "sm_count": prov.sm_count, "peaks": result.peaks_source, "measured_ceilings": result.calibration_source},
+        protocol={
+            "harness": f"moe-bench {__version__}",
+            "harness_commit": prov.git_commit,
+            "timing": "CUDA events around each call; L2 flushed and outputs poisoned before each call, outside the timed window; "
+            "mean of calls until stderr < target or the cap",
+            "trials": result.config.trials,
+            "seed": result.config.seed,
+            "input_sets": result.config.input_sets,
+            "target_rel_stderr": result.config.target_rel_stderr,
+            "max_calls": result.config.max_calls,
+        },
+        suite={"name": result.config.suite, "workloads": len(result.workloads)},
+        aggregates={
+            "passed": row["passed"],
+            "mean_latency_us": _finite(float(row["mean_us"])),
+            "geomean_latency_us": _finite(float(row["geomean_us"])),
+            "mean_percent_of_sol": _finite(float(row["mean_pct_sol"])),
+            "mean_percent_of_sol_measured": _finite(float(row["mean_pct_sol_measured"])),
+            "mean_sol_score": _finite(float(row["mean_sol_score"])),
+        },
+        workloads=workloads,
+        implementation={
+            "name": result.solution.name,
+            "author": result.solution.author,
+            "license": result.solution.license,
+            "language": result.solution.language,
+            "entry_point": result.solution.entry_point,
+            "sources": [{"path": p, "sha256": result.solution.source_sha256[p], "content": text} for p, text in sources.items()],
+        },
+        environment={
+            "gpu": prov.device_name, "clocks_before": prov.clocks_before.model_dump(), "clocks_after": prov.clocks_after.model_dump(),
+            "driver": prov.driver, "cuda": prov.cuda, "torch": prov.torch, "triton": prov.triton, "python": prov.python,
+            "timestamp": prov.timestamp,
+        },  # fmt: skip
+    )
+
+
+# -- SOL-ExecBench --------------------------------------------------------------------------------------
+
+
+def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> TraceLine:
+    # SOL-ExecBench has no statuses for a time under the roofline or a skipped workload.
+    status = {Status.INVALID_TIMING: "REWARD_HACK", Status.SKIPPED: "RUNTIME_ERROR"}.get(w.status, w.status.value)
+    max_abs, max_rel = _worst_errors(w)
+    outputs = [o for trial in w.trials for o in trial.outputs]
+    correctness = (
+        Correctness(
+            max_relative_error=max_rel, max_absolute_error=max_abs,
+            has_nan=any(o.has_nan for o in outputs), has_inf=any(o.has_inf for o in outputs),
+        )  # fmt: skip
+        if status in ("PASSED", "INCORRECT_NUMERICAL") and max_abs is not None
+        else None
+    )
+    performance = None
+    if status == "PASSED" and w.timing is not None and w.baseline_us is not None:
+        performance = Performance(
+            latency_ms=w.timing.mean_us / 1e3, reference_latency_ms=w.baseline_us / 1e3, speedup_factor=w.baseline_us / w.timing.mean_us
+        )
+    prov = result.provenance
+    libs = {"torch": prov.torch, "cuda": prov.cuda or "", "triton": prov.triton or "", "driver": prov.driver or "", "python": prov.python}
+    return TraceLine(
+        definition=PUBLIC_ALIAS,
+        workload=workload,
+        solution=result.solution.name,
+        evaluation=Evaluation(
+            status=status, log=w.message, correctness=correctness, performance=performance,
+            environment=Environment(hardware=prov.device_name, libs=libs), timestamp=prov.timestamp,
+        ),  # fmt: skip
+    )
+
+
+def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, out_dir: Path, partial: bool) -> list[Path]:
+    """definition.json, workload.jsonl, solution.json and traces.jsonl under out_dir."""
+    _require_complete(result, partial)
+    sources = measured_sources(result, solution)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = {w.uuid: WorkloadLine.from_workload(w) for w in suite.workloads}
+    spec = solution.spec
+    files = {
+        "definition.json": definition(bundled_reference_source()).model_dump_json(indent=1),
+        "workload.jsonl": workload_jsonl(suite),
+        "solution.json": SolutionOut(
+            name=spec.name,
+            definition=PUBLIC_ALIAS,
+            author=spec.author,
+            description=spec.description,
+            sources=[SourceFile(path=p, content=text) for p, text in sources.items()],
+            spec=SolutionSpecOut(
+                languages=[spec.language],
+                target_hardware=[result.provenance.device_name],
+                entry_point=spec.entry_point,
+                destination_passing_style=spec.destination_passing_style,
+                dependencies=["torch"] + (["triton"] if spec.language == "triton" else []),
+            ),
+        ).model_dump_json(indent=1),
+        "traces.jsonl": "".join(_trace(w, lines[w.uuid], result).model_dump_json(exclude_none=True) + "\n" for w in result.workloads),
+    }
+    written = []
+    for name, text in files.items():
+        path = out_dir / name
+        path.write_text(text if text.endswith("\n") else text + "\n")
+        written.append(path)
+    return written

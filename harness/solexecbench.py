@@ -1,0 +1,247 @@
+"""The public SOL-ExecBench formats: workload lines, definition, solution and trace lines.
+
+pydantic models for each; a bad file gives an error naming the file, the line and the field. The workload
+format round-trips exactly: importing the public problem-009 file and writing it back gives the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, INPUTS, OUTPUTS, PUBLIC_ALIAS
+from harness.workloads import ManifestError, Suite, Workload
+
+DEFAULT_MATCHED_RATIO = 0.99
+DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float32": "float32", "torch.float16": "float16", "torch.int64": "int64"}
+
+
+class FormatError(ValueError):
+    """A file in a SOL-ExecBench format that cannot be used; the message names the file, line and field."""
+
+
+class InputSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["custom", "random", "scalar", "safetensors"]
+
+
+class WorkloadTolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_atol: float = Field(gt=0)
+    max_rtol: float = Field(ge=0)
+    required_matched_ratio: float | None = Field(default=None, gt=0, le=1)
+    max_error_cap: float | None = None
+
+
+class WorkloadAxes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    batch_seq_len: int = Field(ge=1)
+    num_tokens: int = Field(ge=1)
+
+
+class WorkloadLine(BaseModel):
+    """One line of a workload.jsonl file (field order as the public file writes it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    uuid: str = Field(min_length=1)
+    axes: WorkloadAxes
+    inputs: dict[str, InputSpec]
+    tolerance: WorkloadTolerance
+
+    def to_workload(self) -> Workload:
+        tol = self.tolerance
+        return Workload(
+            uuid=self.uuid,
+            batch_seq_len=self.axes.batch_seq_len,
+            num_tokens=self.axes.num_tokens,
+            atol=tol.max_atol,
+            rtol=tol.max_rtol,
+            required_matched_ratio=tol.required_matched_ratio or DEFAULT_MATCHED_RATIO,
+        )
+
+    @classmethod
+    def from_workload(cls, workload: Workload) -> WorkloadLine:
+        ratio = None if workload.required_matched_ratio == DEFAULT_MATCHED_RATIO else workload.required_matched_ratio
+        return cls(
+            uuid=workload.uuid,
+            axes=WorkloadAxes(batch_seq_len=workload.batch_seq_len, num_tokens=workload.num_tokens),
+            inputs={name: InputSpec(type="custom") for name in INPUT_NAMES},
+            tolerance=WorkloadTolerance(max_atol=workload.atol, max_rtol=workload.rtol, required_matched_ratio=ratio),
+        )
+
+    def dumps(self) -> str:
+        return json.dumps(self.model_dump(exclude_none=True))
+
+
+def read_workload_lines(path: Path) -> list[WorkloadLine]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    lines = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = WorkloadLine.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "(the line)"
+            raise FormatError(f"{path}: line {number}: field '{field}': {first['msg']}") from None
+        missing = set(INPUT_NAMES) - set(line.inputs)
+        if missing:
+            raise FormatError(f"{path}: line {number}: field 'inputs': missing {', '.join(sorted(missing))}")
+        try:
+            line.to_workload()
+        except ValidationError as exc:
+            raise FormatError(f"{path}: line {number} (uuid {line.uuid}): {exc.errors()[0]['msg']}") from None
+        lines.append(line)
+    if not lines:
+        raise FormatError(f"{path}: no workloads")
+    return lines
+
+
+def import_workloads(path: Path, name: str, description: str) -> Suite:
+    """A SOL-ExecBench workload file as a suite of ours (hidden and ffn dims are the problem's constants)."""
+    try:
+        return Suite(name=name, description=description, workloads=[line.to_workload() for line in read_workload_lines(path)])
+    except ValidationError as exc:
+        raise FormatError(f"{path}: {exc.errors()[0]['msg']}") from None
+
+
+def suite_yaml(suite: Suite) -> str:
+    """A manifest in the layout of workloads/public.yaml: one flow mapping per workload."""
+    head = yaml.safe_dump({"name": suite.name, "description": suite.description}, sort_keys=False, width=1000)
+    rows = []
+    for w in suite.workloads:
+        fields = {"uuid": w.uuid, "batch_seq_len": w.batch_seq_len, "num_tokens": w.num_tokens, "atol": w.atol, "rtol": w.rtol}
+        if w.required_matched_ratio != DEFAULT_MATCHED_RATIO:
+            fields["required_matched_ratio"] = w.required_matched_ratio
+        rows.append("  - {" + ", ".join(f"{key}: {value!r}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items()) + "}")
+    return head + "workloads:\n" + "\n".join(rows) + "\n"
+
+
+def workload_jsonl(suite: Suite) -> str:
+    for workload in suite.workloads:
+        if (workload.hidden_dim, workload.ffn_dim) != (HIDDEN_DIM, FFN_DIM):
+            raise ManifestError(f"workload {workload.uuid}: the public format fixes hidden_dim and ffn_dim; this suite overrides them")
+    return "".join(WorkloadLine.from_workload(w).dumps() + "\n" for w in suite.workloads)
+
+
+# -- definition, solution, trace ------------------------------------------------------------------------
+
+
+class Axis(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["const", "var"]
+    value: int | None = None
+    description: str | None = None
+
+
+class TensorDecl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    shape: list[str]
+    dtype: Literal["bfloat16", "float32", "float16", "int64"]
+    description: str | None = None
+
+
+class Definition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    type: str
+    description: str
+    axes: dict[str, Axis]
+    inputs: dict[str, TensorDecl]
+    outputs: dict[str, TensorDecl]
+    constraints: list[str]
+    reference: str = Field(description="Python source defining run(*inputs) -> the 5 outputs")
+    custom_inputs_entrypoint: str = Field(description="function of `reference` that draws one input set")
+
+
+AXIS_NAMES = {"B": "batch_seq_len", "T": "num_tokens", "H": "hidden_dim", "F": "ffn_dim"}
+
+
+def definition(reference_source: str) -> Definition:
+    def declare(spec) -> TensorDecl:
+        return TensorDecl(shape=[AXIS_NAMES[a] for a in spec.shape], dtype=DTYPE_NAMES[str(spec.dtype)], description=spec.description)
+
+    return Definition(
+        name=PUBLIC_ALIAS,
+        type="moe_expert_backward",
+        description="Backward of one MoE expert (SwiGLU MLP) with weighted token scatter, MiniMax-M2 shapes.",
+        axes={
+            "batch_seq_len": Axis(type="var"),
+            "num_tokens": Axis(type="var", description="tokens routed to the expert; unique sorted rows of the batch"),
+            "hidden_dim": Axis(type="const", value=HIDDEN_DIM),
+            "ffn_dim": Axis(type="const", value=FFN_DIM),
+        },
+        inputs={spec.name: declare(spec) for spec in INPUTS},
+        outputs={spec.name: declare(spec) for spec in OUTPUTS},
+        constraints=["num_tokens <= batch_seq_len"],
+        reference=reference_source,
+        custom_inputs_entrypoint="generate_inputs",
+    )
+
+
+class SourceFile(BaseModel):
+    path: str
+    content: str
+
+
+class SolutionSpecOut(BaseModel):
+    languages: list[str]
+    target_hardware: list[str]
+    entry_point: str
+    destination_passing_style: bool
+    dependencies: list[str]
+    compile_options: dict[str, str] = {}
+
+
+class SolutionOut(BaseModel):
+    name: str
+    definition: str
+    author: str
+    description: str
+    sources: list[SourceFile]
+    spec: SolutionSpecOut
+
+
+class Correctness(BaseModel):
+    max_relative_error: float
+    max_absolute_error: float
+    has_nan: bool
+    has_inf: bool
+
+
+class Performance(BaseModel):
+    latency_ms: float
+    reference_latency_ms: float
+    speedup_factor: float
+
+
+class Environment(BaseModel):
+    hardware: str
+    libs: dict[str, str]
+
+
+class Evaluation(BaseModel):
+    status: Literal[
+        "PASSED", "INCORRECT_SHAPE", "INCORRECT_DTYPE", "INCORRECT_NUMERICAL", "RUNTIME_ERROR",
+        "COMPILE_ERROR", "TIMEOUT", "REWARD_HACK", "INVALID_REFERENCE",
+    ]  # fmt: skip
+    log: str
+    correctness: Correctness | None = None
+    performance: Performance | None = None
+    environment: Environment
+    timestamp: str
+
+
+class TraceLine(BaseModel):
+    definition: str
+    workload: WorkloadLine
+    solution: str
+    evaluation: Evaluation
