@@ -199,6 +199,16 @@ def list_cmd(
     console.print(table)
 
 
+def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None):
+    try:
+        frame = comparing.load_frame(results_dir, device, solutions)
+    except ResultsError as exc:
+        fail(str(exc))
+    if frame.empty:
+        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
+    return frame
+
+
 @app.command("compare")
 def compare_cmd(
     results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
@@ -213,12 +223,7 @@ def compare_cmd(
         fail(f"--format must be table, csv or markdown, got '{fmt}'")
     if value not in ("latency_us", "pct_sol", "pct_sol_measured", "sol_score"):
         fail(f"--value must be latency_us, pct_sol, pct_sol_measured or sol_score, got '{value}'")
-    try:
-        frame = comparing.load_frame(results_dir, device, solution)
-    except ResultsError as exc:
-        fail(str(exc))
-    if frame.empty:
-        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
+    frame = load_results_or_fail(results_dir, device, solution)
     if by_workload:
         comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
     else:
@@ -235,13 +240,7 @@ def plot(
     """PNG figures from the result files: latency against T with the roofline, and percent of SOL."""
     from harness.plot import plot_all
 
-    try:
-        frame = comparing.load_frame(results_dir, device, solution)
-    except ResultsError as exc:
-        fail(str(exc))
-    if frame.empty:
-        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
-    for path in plot_all(frame, out):
+    for path in plot_all(load_results_or_fail(results_dir, device, solution), out):
         console.print(f"wrote {path}", highlight=False)
 
 

@@ -13,6 +13,15 @@ import pandas as pd  # noqa: E402
 from harness.status import Status  # noqa: E402
 
 
+def _save(fig, ax, path: Path, title: str) -> Path:
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _by_tokens(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["T", "B"])
 
@@ -40,13 +49,8 @@ def latency_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("num_tokens T (log scale)")
     ax.set_ylabel("latency, us (log scale; lower is better)")
-    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, title)
 
 
 def percent_of_sol_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
@@ -68,13 +72,8 @@ def percent_of_sol_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
     ax.set_xticklabels([f"T={t}\nB={b}" for t, b in zip(workloads["T"], workloads["B"])], fontsize=7)
     ax.set_ylabel("percent of SOL (datasheet peaks; higher is better)")
-    ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, title)
 
 
 def plot_all(frame: pd.DataFrame, out_dir: Path) -> list[Path]:

@@ -119,7 +119,7 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
     result = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--device", "nvidia-h200")
     assert result.exit_code == 0, result.output
     assert json.loads(record.read_text())["aggregates"]["passed"] == "16/16"
-    refused = invoke("export", "-s", "torch_eager", "--format", "leaderboard", "-o", str(tmp_path / "e.json"))
+    refused = invoke("export", "-s", "torch_eager", "--format", "leaderboard", "-o", str(tmp_path / "e.json"), "--device", "nvidia-h200")
     assert refused.exit_code == 2 and "--partial" in refused.output
     missing = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--results-dir", str(tmp_path))
     assert missing.exit_code == 2 and "no result file" in missing.output
