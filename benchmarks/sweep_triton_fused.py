@@ -15,7 +15,6 @@ import sys
 import time
 
 import torch
-import triton
 from triton.testing import do_bench
 
 from harness.problem import OUTPUTS, Dims
@@ -87,8 +86,6 @@ def main() -> None:
                     variant = dataclasses.replace(plan, overlap_grad_w2=overlap)
                     whole = lambda: fused.backward(*inputs.values(), *outputs.values(), plan=variant)  # noqa: E731
                     rows.append({"T": tokens, "stage": "whole", "split": 0, "tile": f"overlap_grad_w2={overlap}", "us": do_bench(whole) * 1e3})
-        del inputs, outputs, p
-        torch.cuda.empty_cache()
 
     with open(args.out, "w") as handle:
         json.dump(rows, handle, indent=1)

@@ -35,21 +35,27 @@ def _median_ms(fn, repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
+def _copy_ms(device: torch.device, gen: torch.Generator) -> float:
+    src = torch.randn(COPY_BYTES // 4, device=device, generator=gen)
+    dst = torch.empty_like(src)
+    return _median_ms(lambda: dst.copy_(src))
+
+
+def _matmul_ms(device: torch.device, gen: torch.Generator) -> float:
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, generator=gen).to(torch.bfloat16)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(a)
+    return _median_ms(lambda: torch.mm(a, b, out=out))
+
+
 def calibrate(device: torch.device) -> Calibration:
     if device.type != "cuda":
         raise RuntimeError("calibration measures a CUDA GPU and none is present")
     clocks_before = provenance.read_clocks(device)
     gen = torch.Generator(device=device).manual_seed(0)
 
-    src = torch.randn(COPY_BYTES // 4, device=device, generator=gen)
-    dst = torch.empty_like(src)
-    copy_ms = _median_ms(lambda: dst.copy_(src))
-    del src, dst
-
-    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, generator=gen).to(torch.bfloat16)
-    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, generator=gen).to(torch.bfloat16)
-    out = torch.empty_like(a)
-    matmul_ms = _median_ms(lambda: torch.mm(a, b, out=out))
+    copy_ms = _copy_ms(device, gen)
+    matmul_ms = _matmul_ms(device, gen)
 
     return Calibration(
         device_name=provenance.device_name(device),
