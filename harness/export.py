@@ -261,7 +261,7 @@ def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, o
     lines = {w.uuid: WorkloadLine.from_workload(w) for w in suite.workloads}
     spec = solution.spec
     files = {
-        "definition.json": definition(bundled_reference_source()).model_dump_json(indent=1),
+        "definition.json": definition(bundled_reference_source()).model_dump_json(indent=1, exclude_none=True),
         "workload.jsonl": workload_jsonl(suite),
         "solution.json": SolutionOut(
             name=spec.name,

@@ -183,7 +183,7 @@ def definition(reference_source: str) -> Definition:
         outputs={spec.name: declare(spec) for spec in OUTPUTS},
         constraints=["num_tokens <= batch_seq_len"],
         reference=reference_source,
-        custom_inputs_entrypoint="generate_inputs",
+        custom_inputs_entrypoint="custom_inputs",
     )
 
 

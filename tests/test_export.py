@@ -15,6 +15,7 @@ from harness.registry import get_solution
 from harness.results import RESULTS_DIR, load_result
 from harness.solexecbench import (
     Definition,
+    definition,
     FormatError,
     SolutionOut,
     TraceLine,
@@ -115,6 +116,10 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
         assert trace.evaluation.performance.speedup_factor > 1
 
 
+def definition_json() -> str:
+    return definition(bundled_reference_source()).model_dump_json(exclude_none=True)
+
+
 def test_bundled_reference_is_self_contained_and_equal_to_ours(tmp_path: Path, monkeypatch) -> None:
     source = bundled_reference_source()
     assert "from harness" not in source and "from reference" not in source
@@ -127,3 +132,6 @@ def test_bundled_reference_is_self_contained_and_equal_to_ours(tmp_path: Path, m
     assert all(torch.equal(theirs[name], ours[name]) for name in ours)
     for got, want in zip(namespace["run"](*theirs.values()), reference_backward(*ours.values())):
         assert torch.equal(got, want)
+    entry = Definition.model_validate_json(definition_json()).custom_inputs_entrypoint
+    drawn = namespace[entry]({"batch_seq_len": 5, "num_tokens": 2}, "cpu", 1)
+    assert drawn["w1_weight"].shape == (14336, 4096) and drawn["token_indices"].tolist() == sorted(set(drawn["token_indices"].tolist()))
