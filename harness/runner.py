@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from harness import guards, provenance
-from harness.correctness import check_output
+from harness.correctness import OutputCheck, check_output
 from harness.problem import OUTPUTS, Dims, bytes_moved, flops
 from harness.registry import Solution
 from harness.results import (
@@ -43,7 +43,7 @@ from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_s
 from harness.status import Status, worst
 from harness.timing import TimingConfig, time_solution
 from harness.workloads import Suite, Workload
-from reference import allocate_inputs, fill_inputs, generate_inputs, reference_backward, validate_token_indices
+from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
 
 BASELINE_SOLUTION = "reference_fp32"
 
@@ -95,8 +95,7 @@ def _same_bits(a: object, b: torch.Tensor) -> bool:
 def redraw(inputs: dict[str, torch.Tensor], name: str, seed: int) -> None:
     """Replace one input's values by a fresh standard-normal draw (the near-duplicate trial)."""
     tensor = inputs[name]
-    gen = torch.Generator(device=tensor.device).manual_seed(seed)
-    tensor.copy_(torch.randn(tensor.shape, generator=gen, device=tensor.device, dtype=torch.float32))
+    draw_normal(tensor, torch.Generator(device=tensor.device).manual_seed(seed))
 
 
 def _synchronize(device: torch.device) -> None:
@@ -166,7 +165,6 @@ def check_call(
         still_running = guards.threads_running_code_in(call.folder)
         late_ms, own_ms = _late_gpu_work_ms(*events) if events else (0.0, 0.0)
         patched = guards.patched_functions(watched)
-        _synchronize(device)
     except Exception as exc:  # a solution's failure of any kind is a result, not a crash of the harness
         guards.patched_functions(watched)
         guards.restore_numeric_settings(settings)
@@ -196,13 +194,20 @@ def check_call(
         aliased = guards.aliased_inputs(out, inputs) if isinstance(out, torch.Tensor) else []
         if aliased:
             return verdict(Status.REWARD_HACK, f"output {spec.name} aliases input {', '.join(aliased)}")
+    checks, status, message = check_outputs(workload, produced, reference)
+    return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
+
+
+def check_outputs(
+    workload: Workload, produced: list[object], reference: tuple[torch.Tensor, ...]
+) -> tuple[list[OutputCheck], Status, str]:
+    """Every output against the reference: the checks, the worst status, and what failed."""
     checks = [
         check_output(spec, spec.concrete_shape(workload.dims), out, ref, workload.tolerance)
         for spec, out, ref in zip(OUTPUTS, produced, reference)
     ]
-    status = worst([c.status for c in checks])
     message = "; ".join(f"{c.name}: {c.message}" for c in checks if c.status is not Status.PASSED)
-    return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
+    return checks, worst([c.status for c in checks]), message
 
 
 def compute_reference(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -444,14 +449,8 @@ class Bench:
                 result.status = Status.REWARD_HACK
                 result.message = f"inputs modified during timing (seed {seed}): {', '.join(mutated)}"
                 return
-            reference = compute_reference(inputs)
-            checks = [
-                check_output(spec, spec.concrete_shape(workload.dims), out, ref, workload.tolerance)
-                for spec, out, ref in zip(OUTPUTS, outputs, reference)
-            ]
-            bad = [c for c in checks if c.status is not Status.PASSED]
-            if bad:
-                detail = "; ".join(f"{c.name}: {c.message}" for c in bad)
+            _, status, detail = check_outputs(workload, outputs, compute_reference(inputs))
+            if status is not Status.PASSED:
                 result.status = Status.REWARD_HACK
                 result.message = f"outputs of timed calls (seed {seed}) fail although the trials passed: {detail}"
                 return

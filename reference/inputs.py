@@ -34,6 +34,14 @@ def allocate_inputs(dims: Dims, device: torch.device | str = "cpu") -> dict[str,
     return {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device=device) for spec in INPUTS}
 
 
+def draw_normal(tensor: torch.Tensor, gen: torch.Generator, scale: float = 1.0) -> None:
+    """Overwrite `tensor` with scale * standard normal, drawn in float32 and rounded once to its dtype."""
+    values = torch.randn(tensor.shape, generator=gen, device=tensor.device, dtype=torch.float32)
+    if scale != 1.0:
+        values.mul_(scale)
+    tensor.copy_(values)
+
+
 def fill_inputs(inputs: dict[str, torch.Tensor], dims: Dims, seed: int) -> dict[str, torch.Tensor]:
     """Draw one input set from `seed` into existing tensors (same addresses, new contents); returns them.
 
@@ -49,10 +57,7 @@ def fill_inputs(inputs: dict[str, torch.Tensor], dims: Dims, seed: int) -> dict[
     gen.manual_seed(seed)
 
     def normal(name: str, scale: float = 1.0) -> None:
-        values = torch.randn(inputs[name].shape, generator=gen, device=device, dtype=torch.float32)
-        if scale != 1.0:
-            values.mul_(scale)
-        inputs[name].copy_(values)
+        draw_normal(inputs[name], gen, scale)
 
     inputs["token_indices"].copy_(torch.randperm(dims.batch_seq_len, generator=gen, device=device)[: dims.num_tokens].sort().values)
     normal("w1_output")
