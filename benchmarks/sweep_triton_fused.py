@@ -1,9 +1,11 @@
 """Time each kernel of triton_fused over candidate tiles at representative T, beside cuBLAS doing the same
-product, and print the best tile per (T, stage). GPU only; writes every measurement to --out as JSON.
+product; check every candidate's output against a float32 torch computation of that stage; assemble the
+best tile per stage into a plan per T and time the whole backward with it. GPU only.
 
     PYTHONPATH=. python3 benchmarks/sweep_triton_fused.py --out sweep.json
 
-Times are triton.testing.do_bench means (L2 cleared before each call), in microseconds.
+Times are triton.testing.do_bench means (L2 cleared before each call), in microseconds. Every measurement
+is appended to --out (JSON lines) as it is made, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from triton.testing import do_bench
@@ -21,89 +24,159 @@ from harness.problem import OUTPUTS, Dims
 from harness.registry import get_solution
 from reference import generate_inputs
 
-TOKENS = (64, 128, 256, 512, 2048)
+TOKENS = (64, 128, 256, 336, 512, 2048)
 BATCH = 4096
+MAX_RELATIVE_ERROR = 2e-2  # of max |reference|: fp16/bf16 roundings stay near 1e-3; a wrong tile is O(1)
+
+
+def dx_splits(tokens: int) -> tuple[int, ...]:
+    return (2, 4, 8) if tokens <= 128 else (1, 2, 4) if tokens <= 512 else (1, 2)
+
+
+def candidates(tile: type) -> dict[str, list]:
+    """(block_m, block_n, block_k, warps, stages, epilogue_split, programs_per_sm, flatten)."""
+    return {
+        "dh_swiglu": [tile(64, 64, 64, 4, 4), tile(64, 128, 64, 4, 4, 2), tile(64, 128, 64, 4, 6, 2), tile(64, 256, 64, 8, 4, 2),
+                      tile(64, 256, 64, 4, 4, 2), tile(128, 128, 64, 8, 4, 2), tile(128, 256, 64, 8, 3, 2),
+                      tile(128, 256, 64, 8, 3, 2, 1, True), tile(128, 128, 64, 4, 4, 2, 1, True)],
+        "grad_w": [tile(128, 128, 64, 4, 3, 1, 1, True), tile(128, 128, 64, 4, 4, 1, 1, True), tile(128, 128, 64, 8, 3, 1, 1, True),
+                   tile(128, 128, 64, 4, 2, 1, 2, True), tile(128, 256, 64, 8, 3, 2, 1, True), tile(128, 256, 64, 8, 3, 1, 1, True),
+                   tile(128, 128, 64, 4, 3), tile(128, 256, 64, 8, 3, 2), tile(128, 128, 32, 4, 4, 1, 1, True),
+                   tile(64, 128, 64, 4, 4, 1, 2, True), tile(128, 256, 32, 8, 4, 2, 1, True)],
+        "dx": [tile(64, 128, 64, 4, 4), tile(128, 256, 64, 8, 3), tile(64, 256, 64, 8, 3), tile(128, 128, 64, 8, 4),
+               tile(128, 128, 64, 4, 4)],
+    }  # fmt: skip
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def stage_errors(p) -> dict[str, Callable[[object], float]]:
+    """For each stage, a function of a Problem giving the relative error of that stage's output there,
+    against float32 torch math on the same inputs and intermediates (p: a Problem after prologue and dh;
+    every Problem of one T holds the same intermediates, the kernels being deterministic)."""
+    i, o, F = p.inputs, p.outputs, p.ffn
+    dh = (p.g.float() @ i["w2_weight"].float()) * i["selected_weights"].float()[:, None]
+    a = i["w1_output"].float()
+    s = torch.sigmoid(a)
+    dd_ref = torch.cat([dh * i["up_output"].float() * s * (1 + a * (1 - s)), dh * i["gate_output"].float()], dim=1)
+    grad_w2_ref = p.ge.float().t() @ i["gated_output"].float()
+    x = p.x_precise.float()
+    grad_w1_ref, grad_w3_ref = p.dd[:, :F].float().t() @ x, p.dd[:, F:].float().t() @ x
+    dd = p.dd.to(torch.bfloat16).float()
+    dx_ref = dd[:, :F] @ i["w1_weight"].float() + dd[:, F:] @ i["w3_weight"].float()
+    del dh, a, s, x, dd
+    return {
+        "dh_swiglu": lambda q: relative_error(q.dd, dd_ref),
+        "grad_w2": lambda q: relative_error(o["grad_w2_weight"], grad_w2_ref),
+        "grad_w13": lambda q: max(relative_error(o["grad_w1_weight"], grad_w1_ref), relative_error(o["grad_w3_weight"], grad_w3_ref)),
+        "dx": lambda q: relative_error(q.partials.sum(0), dx_ref),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="sweep.json")
+    parser.add_argument("--out", default="sweep.jsonl")
     parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
     parser.add_argument("--stages", nargs="*", default=None, help="only these stages (default: all)")
     args = parser.parse_args()
 
     run = get_solution("triton_fused").load_entry_point()
     fused = sys.modules[run.__module__]
-    Tile = fused.Tile
-    candidates = {
-        "dh_swiglu": [Tile(64, 64, 64, 4, 4), Tile(64, 128, 64, 4, 4), Tile(64, 128, 64, 4, 4, 2), Tile(64, 256, 64, 8, 3, 2),
-                      Tile(128, 128, 64, 8, 3), Tile(128, 128, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 64, 4, 3, 2)],
-        "grad_w2": [Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), Tile(64, 128, 64, 4, 3), Tile(128, 64, 64, 4, 3),
-                    Tile(128, 128, 32, 4, 4), Tile(128, 256, 32, 8, 3), Tile(64, 128, 32, 4, 4), Tile(128, 128, 64, 8, 3)],
-        "dx": [Tile(64, 128, 64, 4, 4), Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(64, 256, 64, 8, 3)],
-    }  # fmt: skip
-    candidates["grad_w13"] = candidates["grad_w2"]
-    rows = []
+    tiles = candidates(fused.Tile)
+    stage_fns = {"dh_swiglu": fused.dh_swiglu, "grad_w2": fused.grad_w2, "grad_w13": fused.grad_w13, "dx": fused.dx}
+    stage_tiles = {"dh_swiglu": tiles["dh_swiglu"], "grad_w2": tiles["grad_w"], "grad_w13": tiles["grad_w"], "dx": tiles["dx"]}
+    rows: list[dict] = []
+    out = open(args.out, "w")
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
+    def bench(fn: Callable[[], None]) -> float:
+        return do_bench(fn, warmup=10, rep=50) * 1e3
+
     for tokens in args.tokens:
         dims = Dims(BATCH, tokens)
         inputs = generate_inputs(dims, 0, "cuda")
         outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
-        for split in (1, 2, 4, 8):
-            p = fused.Problem(inputs, outputs, torch.float16, split)
-            fused.prologue(p)
-            fused.dh_swiglu(p, candidates["dh_swiglu"][0])
-            stages = {"dx": fused.dx}
-            if split == 1:
-                stages.update(dh_swiglu=fused.dh_swiglu, grad_w2=fused.grad_w2, grad_w13=fused.grad_w13)
-            stages = {k: v for k, v in stages.items() if args.stages is None or k in args.stages}
-            for stage, launch in stages.items():
-                for tile in candidates[stage]:
+        best: dict[str, tuple[float, object, int]] = {}
+
+        def prepared(split: int):
+            q = fused.Problem(inputs, outputs, torch.float16, split)
+            fused.prologue(q)
+            fused.dh_swiglu(q, tiles["dh_swiglu"][0])
+            return q
+
+        base = prepared(1)
+        errors = stage_errors(base)
+        for stage in [s for s in stage_fns if args.stages is None or s in args.stages]:
+            for split in dx_splits(tokens) if stage == "dx" else (1,):
+                p = prepared(split)
+                for tile in stage_tiles[stage]:
+                    row = {"T": tokens, "stage": stage, "split": split, "tile": str(tile)}
                     started = time.perf_counter()
                     try:
-                        launch(p, tile)
+                        stage_fns[stage](p, tile)
                         torch.cuda.synchronize()
+                        row["first_call_s"] = time.perf_counter() - started
+                        row["relative_error"] = errors[stage](p)
+                        if row["relative_error"] > MAX_RELATIVE_ERROR:
+                            row["error"] = "wrong result"
+                        else:
+                            row["us"] = bench(lambda: stage_fns[stage](p, tile))
+                            if stage not in best or row["us"] < best[stage][0]:
+                                best[stage] = (row["us"], tile, split)
                     except Exception as exc:  # a tile that does not fit (shared memory) is a data point, not a crash
-                        rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "error": str(exc)[:200]})
-                        continue
-                    first = time.perf_counter() - started
-                    us = do_bench(lambda: launch(p, tile)) * 1e3
-                    rows.append({"T": tokens, "stage": stage, "split": split, "tile": str(tile), "us": us, "first_call_s": first})
-            if split == 1:
-                for stage, launch in (("prologue", fused.prologue), ("finalise", fused.finalise)):
-                    rows.append({"T": tokens, "stage": stage, "split": 1, "tile": "-", "us": do_bench(lambda: launch(p)) * 1e3})
-                g, ge, d16, x16, dbf = p.g, p.ge, p.dd, p.x_precise, p.dd.to(torch.bfloat16)
-                F = p.ffn
-                cublas = {
-                    "dh_swiglu": lambda: torch.mm(g, inputs["w2_weight"]),
-                    "grad_w2": lambda: torch.mm(ge.t(), inputs["gated_output"], out=outputs["grad_w2_weight"]),
-                    "grad_w13": lambda: (torch.mm(d16[:, :F].t(), x16), torch.mm(d16[:, F:].t(), x16)),
-                    "dx": lambda: torch.addmm(torch.mm(dbf[:, :F], inputs["w1_weight"]), dbf[:, F:], inputs["w3_weight"]),
-                }
-                for stage, fn in cublas.items():
-                    rows.append({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": do_bench(fn) * 1e3})
-                plan = fused.plan_for(tokens)
-                for overlap in (False, True):
-                    variant = dataclasses.replace(plan, overlap_grad_w2=overlap)
-                    whole = lambda: fused.backward(*inputs.values(), *outputs.values(), plan=variant)  # noqa: E731
-                    rows.append({"T": tokens, "stage": "whole", "split": 0, "tile": f"overlap_grad_w2={overlap}", "us": do_bench(whole) * 1e3})
+                        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    record(row)
+                    if stage == "dh_swiglu":  # later stages read dd: restore it
+                        fused.dh_swiglu(p, tiles["dh_swiglu"][0])
+        p = base
+        for stage, launch in (("prologue", fused.prologue), ("finalise", fused.finalise)):
+            record({"T": tokens, "stage": stage, "split": p.dx_split, "tile": "-", "us": bench(lambda: launch(p))})
+        g, ge, d16, x16, dbf, F = p.g, p.ge, p.dd, p.x_precise, p.dd.to(torch.bfloat16), p.ffn
+        cublas = {
+            "dh_swiglu": lambda: torch.mm(g, inputs["w2_weight"]),
+            "grad_w2": lambda: torch.mm(ge.t(), inputs["gated_output"], out=outputs["grad_w2_weight"]),
+            "grad_w13": lambda: (torch.mm(d16[:, :F].t(), x16), torch.mm(d16[:, F:].t(), x16)),
+            "dx": lambda: torch.addmm(torch.mm(dbf[:, :F], inputs["w1_weight"]), dbf[:, F:], inputs["w3_weight"]),
+        }
+        for stage, fn in cublas.items():
+            record({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": bench(fn)})
 
-    with open(args.out, "w") as handle:
-        json.dump(rows, handle, indent=1)
-    print(f"{'T':>5} {'stage':<10} {'best tile':<58} {'split':>5} {'us':>8} {'cuBLAS':>8}")
-    best_total: dict[int, float] = {}
+        plans = {"bucket plan": fused.plan_for(tokens)}
+        if len(best) == 4:
+            swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
+            plans["best per stage"] = swept
+            plans["best per stage, grad_w2 on a side stream"] = dataclasses.replace(swept, overlap_grad_w2=True)
+        for name, plan in plans.items():
+            whole = lambda: fused.backward(*inputs.values(), *outputs.values(), plan=plan)  # noqa: E731
+            try:
+                record({"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan), "us": bench(whole)})
+            except Exception as exc:
+                record({"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan), "error": str(exc)[:300]})
+        del inputs, outputs, base, p
+        torch.cuda.empty_cache()
+
+    print(f"{'T':>5} {'stage':<10} {'best tile':<95} {'split':>5} {'us':>8} {'cuBLAS':>8}")
     for tokens in args.tokens:
         for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w13", "dx", "finalise"):
             timed = [r for r in rows if r["T"] == tokens and r["stage"] == stage and "us" in r and r["tile"] != "cuBLAS"]
             if not timed:
                 continue
-            best = min(timed, key=lambda r: r["us"])
+            top = min(timed, key=lambda r: r["us"])
             ref = next((r["us"] for r in rows if r["T"] == tokens and r["stage"] == stage and r["tile"] == "cuBLAS"), float("nan"))
-            best_total[tokens] = best_total.get(tokens, 0.0) + best["us"]
-            print(f"{tokens:>5} {stage:<10} {best['tile']:<58} {best['split']:>5} {best['us']:>8.1f} {ref:>8.1f}")
-        print(f"{tokens:>5} {'sum':<10} {'':<58} {'':>5} {best_total[tokens]:>8.1f}")
+            print(f"{tokens:>5} {stage:<10} {top['tile']:<95} {top['split']:>5} {top['us']:>8.1f} {ref:>8.1f}")
         for r in rows:
             if r["T"] == tokens and r["stage"] == "whole":
-                print(f"{tokens:>5} {'whole':<10} {r['tile']:<58} {'':>5} {r['us']:>8.1f}")
+                print(f"{tokens:>5} {'whole':<10} {r['tile']:<95} {'':>5} {r.get('us', float('nan')):>8.1f}  {r['plan']}")
+    failures = [r for r in rows if "error" in r]
+    print(f"{len(failures)} candidates failed:")
+    for r in failures:
+        print(f"  T={r['T']} {r['stage']} split={r['split']} {r['tile']}: {r['error'][:160]}")
 
 
 if __name__ == "__main__":

@@ -31,10 +31,13 @@ def interpreted():
     return sys.modules[run.__module__]
 
 
-def small_plan(module, dx_split: int = 2, epilogue_split: int = 1):
+def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_sm: int = 0):
+    """Tiny tiles; epilogue_split and programs_per_sm apply to dh_swiglu and the weight gradients (the CPU
+    interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each program walk several tiles)."""
     tile = module.Tile
-    wgrad = tile(32, 32, 16, 1, 1)
-    return module.Plan(tile(16, 32, 16, 1, 1, epilogue_split), wgrad, wgrad, tile(16, 32, 16, 1, 1), dx_split)
+    wgrad = tile(32, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0)
+    dh = tile(16, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0)
+    return module.Plan(dh, wgrad, wgrad, tile(16, 32, 16, 1, 1), dx_split)
 
 
 CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile
@@ -45,10 +48,11 @@ CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T
 ]
 
 
-def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2, epilogue_split: int = 1):
+def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2, epilogue_split: int = 1,
+                    programs_per_sm: int = 0):
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=dims.num_tokens).items()}
     outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
-    module.backward(*inputs.values(), *outputs, plan=small_plan(module, dx_split, epilogue_split), precise_dtype=precise)
+    module.backward(*inputs.values(), *outputs, plan=small_plan(module, dx_split, epilogue_split, programs_per_sm), precise_dtype=precise)
     expected = reference_backward_fp32(*inputs.values())
     return outputs, expected
 
@@ -63,6 +67,13 @@ def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None
 
 def test_epilogue_on_column_halves(interpreted) -> None:
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 64), torch.float32, torch.float32, epilogue_split=2)
+    for spec, out, ref in zip(OUTPUTS, outputs, expected):
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
+def test_persistent_programs_walk_every_tile(interpreted) -> None:
+    """4 programs over 12 dh tiles and 8 tiles of each weight gradient: each program covers several tiles."""
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 128), torch.float32, torch.float32, programs_per_sm=1)
     for spec, out, ref in zip(OUTPUTS, outputs, expected):
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 

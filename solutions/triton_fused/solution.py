@@ -1,19 +1,30 @@
-"""Launcher of the fused Triton backward: buffers, the per-T-bucket tile plan, and the five launches.
+"""Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
+launches of kernels.py.
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
-each bucket compiles once, on its first call, and never inside timed calls.
+each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
+it needs torch and triton only, so an exported copy runs without this repository.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
-
-from harness.problem import INPUT_NAMES, OUTPUT_NAMES
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .kernels import dh_swiglu_kernel, dx_kernel, finalise_kernel, prologue_kernel, weight_grad_kernel
+
+# The destination-passing calling convention of the problem: 12 inputs, then 5 outputs, in this order.
+INPUT_NAMES = (
+    "grad_output", "token_indices", "selected_tokens", "w1_output", "gate_output", "up_output", "gated_output",
+    "expert_output", "selected_weights", "w1_weight", "w2_weight", "w3_weight",
+)  # fmt: skip
+OUTPUT_NAMES = ("grad_hidden_states", "grad_routing_weights", "grad_w1_weight", "grad_w2_weight", "grad_w3_weight")
+
+PROLOGUE_BLOCK_H = 512  # columns per prologue program: 8 programs per token at H = 4096
 
 
 @dataclass(frozen=True)
@@ -23,14 +34,16 @@ class Tile:
     block_k: int
     num_warps: int
     num_stages: int
-    epilogue_split: int = 1  # dh_swiglu only: column chunks of its epilogue
+    epilogue_split: int = 1  # dh_swiglu and weight_grad: column pieces of the epilogue
+    programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
+    flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
 
 
 @dataclass(frozen=True)
 class Plan:
     dh: Tile
     grad_w2: Tile
-    grad_w13: Tile
+    grad_w13: Tile  # grad_w1 and grad_w3, one launch each
     dx: Tile
     dx_split: int  # split-K factor of dx (upper bound; reduced until it divides F)
     overlap_grad_w2: bool = False  # run grad_w2 on a second stream, beside dh_swiglu and grad_w13
@@ -38,14 +51,14 @@ class Plan:
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
 # benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md); the side stream for grad_w2 pays only
-# where the GPU is memory-bound (T <= 128: 258 -> 243 us at T = 64) and costs above T = 256.
+# where the GPU is memory-bound (T <= 128).
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(64, 128, 64, 4, 4), 4, True)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), Tile(128, 128, 32, 4, 3), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 8, True)),
-    (256, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 32, 4, 4), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), 4)),
-    (512, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 32, 4, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 256, 64, 8, 3), 1)),
-)
+    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(64, 128, 64, 4, 4), 4, True)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 256, 64, 8, 3), 8, True)),
+    (256, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 256, 64, 8, 3), 4)),
+    (512, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 256, 64, 8, 3, 2, 1, True), Tile(128, 256, 64, 8, 3), 2)),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3, 2, 1, True), Tile(128, 256, 64, 8, 3, 2, 1, True), Tile(128, 256, 64, 8, 3), 1)),
+)  # fmt: skip
 
 
 def plan_for(num_tokens: int) -> Plan:
@@ -55,6 +68,25 @@ def plan_for(num_tokens: int) -> Plan:
 def dx_split_for(plan: Plan, ffn_dim: int) -> int:
     """The largest split-K factor up to plan.dx_split whose slices are whole BLOCK_K steps."""
     return max(s for s in range(1, plan.dx_split + 1) if ffn_dim % (s * plan.dx.block_k) == 0)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # Triton's CPU interpreter: a small persistent grid still walks several tiles per program
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _descriptor(tensor: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+    if tensor.data_ptr() % 16 or any(stride * tensor.element_size() % 16 for stride in tensor.stride()[:-1]):
+        raise ValueError(f"TMA needs 16-byte aligned bases and row strides; got a tensor of shape {tuple(tensor.shape)}")
+    return TensorDescriptor.from_tensor(tensor, block_shape)
+
+
+def _grid(tiles: int, tile: Tile, device: torch.device) -> tuple[int]:
+    if tile.programs_per_sm == 0:
+        return (tiles,)
+    return (min(tiles, tile.programs_per_sm * _multiprocessors(device)),)
 
 
 @dataclass
@@ -71,72 +103,77 @@ class Problem:
         self.batch, self.hidden = batch, hidden
         self.tokens = self.inputs["token_indices"].numel()
         self.ffn = self.inputs["w1_weight"].shape[0]
-        device, operand = self.inputs["grad_output"].device, self.inputs["grad_output"].dtype
-        self.g = torch.empty(self.tokens, hidden, device=device, dtype=operand)
+        self.device, operand = self.inputs["grad_output"].device, self.inputs["grad_output"].dtype
+        self.routing_chunks = triton.cdiv(hidden, PROLOGUE_BLOCK_H)
+        self.g = torch.empty(self.tokens, hidden, device=self.device, dtype=operand)
         self.ge = torch.empty_like(self.g)
-        self.x_precise = torch.empty(self.tokens, hidden, device=device, dtype=self.precise_dtype)
-        self.grad_routing_t = torch.empty(self.tokens, device=device, dtype=torch.float32)
-        self.dd = torch.empty(self.tokens, 2 * self.ffn, device=device, dtype=self.precise_dtype)
-        self.partials = torch.empty(self.dx_split, self.tokens, hidden, device=device, dtype=torch.float32)
-
-    @property
-    def row_block(self) -> int:
-        return min(1024, triton.next_power_of_2(self.hidden))
+        self.x_precise = torch.empty(self.tokens, hidden, device=self.device, dtype=self.precise_dtype)
+        self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
+        self.dd = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
+        self.partials = torch.empty(self.dx_split, self.tokens, hidden, device=self.device, dtype=torch.float32)
 
 
 def prologue(p: Problem) -> None:
     i = p.inputs
-    prologue_kernel[(p.tokens,)](
+    prologue_kernel[(p.tokens, p.routing_chunks)](
         i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], i["selected_weights"],
-        p.g, p.ge, p.x_precise, p.grad_routing_t, p.tokens, p.hidden, BLOCK_H=p.row_block,
+        p.g, p.ge, p.x_precise, p.routing_partials, p.tokens, p.hidden, BLOCK_H=PROLOGUE_BLOCK_H,
     )  # fmt: skip
 
 
 def dh_swiglu(p: Problem, t: Tile) -> None:
     i = p.inputs
-    dh_swiglu_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n),)](
-        p.g, i["w2_weight"], i["selected_weights"], i["w1_output"], i["up_output"], i["gate_output"],
-        p.dd, p.tokens, p.hidden, p.ffn,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split,
+    tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
+    dh_swiglu_kernel[_grid(tiles, t, p.device)](
+        _descriptor(p.g, [t.block_m, t.block_k]), _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
+        i["w1_output"], i["up_output"], i["gate_output"], _descriptor(p.dd, [t.block_m, t.block_n // t.epilogue_split]),
+        i["selected_weights"], p.tokens, p.hidden, p.ffn,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
 
-def _weight_grad(p: Problem, t: Tile, a, m: int, b, n: int, top, bottom, m_top: int) -> None:
-    weight_grad_kernel[(triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)](
-        a, b, top, bottom, p.tokens, m, n, m_top,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """c = a^T @ b, with a (T x M), b (T x N), c (M x N)."""
+    (m, n) = c.shape
+    weight_grad_kernel[_grid(triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), t, p.device)](
+        _descriptor(a, [t.block_k, t.block_m]), _descriptor(b, [t.block_k, t.block_n]),
+        _descriptor(c, [t.block_m, t.block_n // t.epilogue_split]), p.tokens, m, n,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
 
 def grad_w2(p: Problem, t: Tile) -> None:
-    out = p.outputs["grad_w2_weight"]
-    _weight_grad(p, t, p.ge, p.hidden, p.inputs["gated_output"], p.ffn, out, out, p.hidden)
+    _weight_grad(p, t, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
 
 
 def grad_w13(p: Problem, t: Tile) -> None:
-    o = p.outputs
-    _weight_grad(p, t, p.dd, 2 * p.ffn, p.x_precise, p.hidden, o["grad_w1_weight"], o["grad_w3_weight"], p.ffn)
+    _weight_grad(p, t, p.dd[:, : p.ffn], p.x_precise, p.outputs["grad_w1_weight"])
+    _weight_grad(p, t, p.dd[:, p.ffn :], p.x_precise, p.outputs["grad_w3_weight"])
 
 
 def dx(p: Problem, t: Tile) -> None:
     i = p.inputs
+    weights = [_descriptor(i[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight")]
     dx_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)](
-        p.dd, i["w1_weight"], i["w3_weight"], p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+        _descriptor(p.dd, [t.block_m, t.block_k]), *weights, p.partials, p.tokens, p.hidden, p.ffn,
+        p.ffn // p.dx_split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
 
 def finalise(p: Problem) -> None:
     o = p.outputs
     finalise_kernel[(p.batch,)](
-        p.inputs["token_indices"], p.partials, p.grad_routing_t, o["grad_hidden_states"], o["grad_routing_weights"],
-        p.tokens, p.batch, p.hidden, p.tokens.bit_length(), SPLIT_K=p.dx_split, BLOCK_H=p.row_block,
+        p.inputs["token_indices"], p.partials, p.routing_partials, o["grad_hidden_states"], o["grad_routing_weights"],
+        p.tokens, p.batch, p.hidden, p.tokens.bit_length(), SPLIT_K=p.dx_split, ROUTING_CHUNKS=p.routing_chunks,
+        BLOCK_H=min(1024, triton.next_power_of_2(p.hidden)),
     )  # fmt: skip
 
 
 def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: torch.dtype = torch.float16) -> None:
-    """The whole backward on the 12 inputs and 5 outputs of harness.problem, in that order.
+    """The whole backward on the 12 inputs and 5 outputs named by INPUT_NAMES and OUTPUT_NAMES, in that order.
 
     `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU; the CPU tests use fp32).
     """
@@ -144,8 +181,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     outputs = dict(zip(OUTPUT_NAMES, tensors[12:]))
     hidden, ffn = inputs["grad_output"].shape[1], inputs["w1_weight"].shape[0]
     plan = plan or plan_for(inputs["token_indices"].numel())
-    if hidden % plan.dh.block_k or ffn % plan.grad_w13.block_m or ffn % plan.dx.block_k:
-        raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the tile sizes of {plan}")
+    if hidden % plan.dh.block_k or ffn % plan.dx.block_k:
+        raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
     prologue(p)
     if plan.overlap_grad_w2 and p.g.is_cuda:
