@@ -10,9 +10,10 @@ Five kernels, launched in this order (T tokens, H hidden, F ffn; shapes of SPEC 
 5. `finalise_kernel`      every row of grad_hidden_states (fixed-order sum of the partials, or zeros) and
                           every entry of grad_routing_weights
 
-The GEMM operands move by TMA: the launcher passes host tensor descriptors (16-byte aligned bases and row
-strides, contiguous rows), whose out-of-bounds reads are zero-filled and whose out-of-bounds stores are
-dropped, so a T that is a multiple of no tile needs no masks on the operands.
+The GEMM operands move by TMA (all but dx's dd operand, see dx_kernel): the launcher passes host tensor
+descriptors (16-byte aligned bases and row strides, contiguous rows), whose out-of-bounds reads are
+zero-filled and whose out-of-bounds stores are dropped, so a T that is a multiple of no tile needs no masks
+on the operands.
 
 The dh and weight-gradient kernels are persistent when the launcher gives them fewer programs than tiles:
 each program walks the tiles `program_id, program_id + num_programs, ...`, and with FLATTEN Triton's
@@ -155,6 +156,17 @@ def weight_grad_kernel(
             c.store([off_m, off_n + BLOCK_N // 2], right.to(c.dtype))
 
 
+@triton.jit
+def _accumulate_range(acc, a_ptrs, b, k_start, steps, row_ok, off_n, BLOCK_K: tl.constexpr):
+    """acc += a @ b over `steps` K steps: a through pointers (rounded to b's dtype), b a descriptor."""
+    for step in range(steps):
+        b_tile = b.load([k_start + step * BLOCK_K, off_n])
+        a_tile = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(b_tile.dtype)
+        acc = tl.dot(a_tile, b_tile, acc)
+        a_ptrs += BLOCK_K
+    return acc
+
+
 @triton.jit(do_not_specialize=["T"])
 def dx_kernel(
     dd, w1, w3, partials,
@@ -165,34 +177,32 @@ def dx_kernel(
 ):  # fmt: skip
     """partials[s] = dd[:, Ks] @ w1[Ks] + dd[:, F + Ks] @ w3[Ks] for the s-th slice Ks of range(F).
 
-    dd (descriptor block [BLOCK_M, BLOCK_K]) is the fp16 [d_a | d_up] of the weight gradients; each tile
-    is rounded to bf16 in registers to meet the bf16 weights (descriptor blocks [BLOCK_K, BLOCK_N]; the
-    tolerance admits bf16 d_a, d_up here), so dd is stored once, not twice.
+    dd is the fp16 [d_a | d_up] of the weight gradients (a pointer); each tile is rounded to bf16 in
+    registers to meet the bf16 weights (descriptors, blocks [BLOCK_K, BLOCK_N]; the tolerance admits bf16
+    d_a, d_up here), so dd is stored once, not twice. dd comes through plain loads, not TMA: converting a
+    TMA-loaded tile in registers before tl.dot gave wrong results, varying from run to run, for some tiles
+    (128x128x64 with 4 stages) on the H200 with Triton 3.6 (docs/performance.md).
 
     dx = sum_s partials[s] is the K = 2F product [d_a | d_up] @ [w1; w3] without concatenating the weights.
     Split-K (axis 1 of the grid) fills the GPU when T is small (H / BLOCK_N tiles alone are too few); the
     partials are fp32 and reduced in a fixed order by finalise_kernel, so the result is deterministic.
-    They are stored with plain masked stores: an fp32 tile staged for a TMA store would take the shared
-    memory of the pipeline.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(T, BLOCK_M)
-    off_m = (pid % num_m) * BLOCK_M
+    rows = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     off_n = (pid // num_m) * BLOCK_N
+    row_ok = rows < T
     k_start = split * K_PER_SPLIT
+    steps = K_PER_SPLIT // BLOCK_K
+    a_ptrs = dd + rows[:, None] * (2 * F) + (k_start + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        b = w1.load([k, off_n])
-        acc = tl.dot(dd.load([off_m, k]).to(b.dtype), b, acc)
-    for k in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        b = w3.load([k, off_n])
-        acc = tl.dot(dd.load([off_m, F + k]).to(b.dtype), b, acc)
+    acc = _accumulate_range(acc, a_ptrs, w1, k_start, steps, row_ok, off_n, BLOCK_K)
+    acc = _accumulate_range(acc, a_ptrs + F, w3, k_start, steps, row_ok, off_n, BLOCK_K)
 
-    rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     out = partials + (split * T + rows)[:, None] * H + cols[None, :]
-    tl.store(out, acc, mask=(rows < T)[:, None] & (cols < H)[None, :])
+    tl.store(out, acc, mask=row_ok[:, None] & (cols < H)[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "B", "SEARCH_STEPS"])

@@ -157,7 +157,7 @@ def dx(p: Problem, t: Tile) -> None:
     i = p.inputs
     weights = [_descriptor(i[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight")]
     dx_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)](
-        _descriptor(p.dd, [t.block_m, t.block_k]), *weights, p.partials, p.tokens, p.hidden, p.ffn,
+        p.dd, *weights, p.partials, p.tokens, p.hidden, p.ffn,
         p.ffn // p.dx_split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
