@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -105,8 +106,8 @@ def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(64) is interpreted.plan_for(1)
     assert interpreted.plan_for(196) is interpreted.plan_for(256)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
-    plan = interpreted.plan_for(64)
-    assert interpreted.dx_split_for(plan, 14336) == plan.dx_split
+    plan = dataclasses.replace(interpreted.plan_for(64), dx_split=4)
+    assert plan.dx.block_k == 64 and interpreted.dx_split_for(plan, 14336) == 4
     assert interpreted.dx_split_for(plan, 384) == 3  # 384 = 6 steps of 64: the largest split <= 4 dividing it
 
 

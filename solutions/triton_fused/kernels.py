@@ -4,16 +4,19 @@ Five kernels, launched in this order (T tokens, H hidden, F ffn; shapes of SPEC 
 
 1. `prologue_kernel`      gather g = grad_output[idx], ge = g*w, x16 = fp16(x), and the per-chunk partial sums
                           of grad_routing_t = sum_h g*e (fp32)
-2. `dh_swiglu_kernel`     dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up] (fp16)
+2. `dh_swiglu_kernel`     dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
+                          once in fp16 (for the weight gradients) and once in bf16 (for dx)
 3. `weight_grad_kernel`   three times: grad_w2 = ge^T @ gated, grad_w1 = d_a^T @ x16, grad_w3 = d_up^T @ x16
-4. `dx_kernel`            dx = d_a @ w1 + d_up @ w3 as one GEMM with K = 2F, split-K into fp32 partials
+4. `dx_kernel`            twice, into split-K fp32 partials: d_a @ w1 and d_up @ w3 (dx is their sum)
 5. `finalise_kernel`      every row of grad_hidden_states (fixed-order sum of the partials, or zeros) and
                           every entry of grad_routing_weights
 
-The GEMM operands move by TMA (all but dx's dd operand, see dx_kernel): the launcher passes host tensor
-descriptors (16-byte aligned bases and row strides, contiguous rows), whose out-of-bounds reads are
-zero-filled and whose out-of-bounds stores are dropped, so a T that is a multiple of no tile needs no masks
-on the operands.
+The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
+launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose
+out-of-bounds reads are zero-filled and whose out-of-bounds stores are dropped, so a T that is a multiple of
+no tile needs no masks on the operands. (An operand that passes through registers on its way to tl.dot, to
+change its dtype, next to a TMA-loaded one, gave wrong results that varied from run to run for some tiles on
+the H200 with Triton 3.6; docs/performance.md. So dx gets its own bf16 copy of dd and one K loop per launch.)
 
 The dh and weight-gradient kernels are persistent when the launcher gives them fewer programs than tiles:
 each program walks the tiles `program_id, program_id + num_programs, ...`, and with FLATTEN Triton's
@@ -24,7 +27,7 @@ Precision (SPEC section 4): the path g -> dh -> (d_a, d_up) -> grad_w1/grad_w3 k
 bits: g and w2 are exact bf16 inputs, the routing weight multiplies the fp32 accumulator (ge is never
 rounded on this path), the SwiGLU backward runs in fp32 and d_a, d_up are stored in fp16 for the weight
 gradients, whose other operand x is exact in fp16. grad_w2 (one rounding of ge) and dx (d_a, d_up rounded
-to bf16 in registers) take bf16 operands, which the tolerance admits. Every tl.dot accumulates in fp32.
+to bf16 by the dh epilogue) take bf16 operands, which the tolerance admits. Every tl.dot accumulates in fp32.
 
 The kernels take their operand dtypes from the descriptors and pointers, so the CPU tests can run them
 under TRITON_INTERPRET=1 with float32/float16 operands.
@@ -66,12 +69,14 @@ def prologue_kernel(
 
 @triton.jit
 def _swiglu_backward_store(
-    dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32, into dd.
+    """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32, into dd
+    (a descriptor) and dd_low (a pointer).
 
-    The activations come through plain loads straight into registers; staged through shared memory by
-    TMA, three tiles of them would not fit beside the pipeline buffers.
+    The activations come through plain loads straight into registers, and dd_low is written by plain
+    stores: staged through shared memory for TMA, their tiles would not fit beside the pipeline buffers.
     """
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
@@ -81,13 +86,18 @@ def _swiglu_backward_store(
     up = tl.load(up_output + act, mask=mask, other=0.0).to(tl.float32)
     gate = tl.load(gate_output + act, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
-    dd.store([off_m, off_n], (dh * up * s * (1.0 + a * (1.0 - s))).to(dd.dtype))
-    dd.store([off_m, F + off_n], (dh * gate).to(dd.dtype))
+    d_a = dh * up * s * (1.0 + a * (1.0 - s))
+    d_up = dh * gate
+    dd.store([off_m, off_n], d_a.to(dd.dtype))
+    dd.store([off_m, F + off_n], d_up.to(dd.dtype))
+    low = rows[:, None] * (2 * F) + cols[None, :]
+    tl.store(dd_low + low, d_a.to(dd_low.dtype.element_ty), mask=mask)
+    tl.store(dd_low + low + F, d_up.to(dd_low.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["T"])
 def dh_swiglu_kernel(
-    g, w2, w1_output, up_output, gate_output, dd, selected_weights,
+    g, w2, w1_output, up_output, gate_output, dd, dd_low, selected_weights,
     T, H, F,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # ffn columns per tile
@@ -99,7 +109,7 @@ def dh_swiglu_kernel(
 
     g and w2 are descriptors with blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]; the (T, F) activations
     are pointers; dd = [d_a | d_up] (T x 2F, fp16) is a descriptor with block [BLOCK_M, BLOCK_N /
-    EPILOGUE_SPLIT]. Tiles are numbered token-tile fastest, so the programs that read one column block
+    EPILOGUE_SPLIT]; dd_low (T x 2F, bf16, the same values for dx) is a pointer. Tiles are numbered token-tile fastest, so the programs that read one column block
     of w2 run together and each byte of w2 comes from HBM once. Three fp32 activation tiles beside the
     accumulator overflow the registers, so the epilogue can run on column halves (EPILOGUE_SPLIT = 2).
     """
@@ -115,12 +125,12 @@ def dh_swiglu_kernel(
         rows = off_m + tl.arange(0, BLOCK_M)
         dh = acc * tl.load(selected_weights + rows, mask=rows < T, other=0.0).to(tl.float32)[:, None]
         if EPILOGUE_SPLIT == 1:
-            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, BLOCK_M, BLOCK_N)
+            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low, BLOCK_M, BLOCK_N)
         else:
             half: tl.constexpr = BLOCK_N // 2
             left, right = tl.split(tl.permute(tl.reshape(dh, (BLOCK_M, 2, half)), (0, 2, 1)))
-            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, BLOCK_M, half)
-            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output, dd, BLOCK_M, half)
+            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low, BLOCK_M, half)
+            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output, dd, dd_low, BLOCK_M, half)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -156,53 +166,37 @@ def weight_grad_kernel(
             c.store([off_m, off_n + BLOCK_N // 2], right.to(c.dtype))
 
 
-@triton.jit
-def _accumulate_range(acc, a_ptrs, b, k_start, steps, row_ok, off_n, BLOCK_K: tl.constexpr):
-    """acc += a @ b over `steps` K steps: a through pointers (rounded to b's dtype), b a descriptor."""
-    for step in range(steps):
-        b_tile = b.load([k_start + step * BLOCK_K, off_n])
-        a_tile = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0).to(b_tile.dtype)
-        acc = tl.dot(a_tile, b_tile, acc)
-        a_ptrs += BLOCK_K
-    return acc
-
-
 @triton.jit(do_not_specialize=["T"])
 def dx_kernel(
-    dd, w1, w3, partials,
-    T, H, F, K_PER_SPLIT,
+    a, b, partials,
+    T, N, K_PER_SPLIT, FIRST_PARTIAL,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # hidden columns per tile
     BLOCK_K: tl.constexpr,  # ffn rows per step; K_PER_SPLIT % BLOCK_K == 0
 ):  # fmt: skip
-    """partials[s] = dd[:, Ks] @ w1[Ks] + dd[:, F + Ks] @ w3[Ks] for the s-th slice Ks of range(F).
+    """partials[FIRST_PARTIAL + s] = a[:, Ks] @ b[Ks] for the s-th slice Ks (axis 1 of the grid) of the K range.
 
-    dd is the fp16 [d_a | d_up] of the weight gradients (a pointer); each tile is rounded to bf16 in
-    registers to meet the bf16 weights (descriptors, blocks [BLOCK_K, BLOCK_N]; the tolerance admits bf16
-    d_a, d_up here), so dd is stored once, not twice. dd comes through plain loads, not TMA: converting a
-    TMA-loaded tile in registers before tl.dot gave wrong results, varying from run to run, for some tiles
-    (128x128x64 with 4 stages) on the H200 with Triton 3.6 (docs/performance.md).
-
-    dx = sum_s partials[s] is the K = 2F product [d_a | d_up] @ [w1; w3] without concatenating the weights.
-    Split-K (axis 1 of the grid) fills the GPU when T is small (H / BLOCK_N tiles alone are too few); the
-    partials are fp32 and reduced in a fixed order by finalise_kernel, so the result is deterministic.
+    Launched twice, (a, b) = (d_a, w1) and (d_up, w3), with a the bf16 copy of dd that the dh epilogue writes
+    (descriptor blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]): dx = sum of all partials is the K = 2F
+    product [d_a | d_up] @ [w1; w3] without concatenating the weights. Split-K fills the GPU when T is small
+    (N / BLOCK_N tiles alone are too few); the partials are fp32 and finalise_kernel adds them in a fixed
+    order, so the result is deterministic. They are stored with plain masked stores: an fp32 tile staged for
+    a TMA store would take the shared memory of the pipeline.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(T, BLOCK_M)
-    rows = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    off_m = (pid % num_m) * BLOCK_M
     off_n = (pid // num_m) * BLOCK_N
-    row_ok = rows < T
     k_start = split * K_PER_SPLIT
-    steps = K_PER_SPLIT // BLOCK_K
-    a_ptrs = dd + rows[:, None] * (2 * F) + (k_start + tl.arange(0, BLOCK_K))[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = _accumulate_range(acc, a_ptrs, w1, k_start, steps, row_ok, off_n, BLOCK_K)
-    acc = _accumulate_range(acc, a_ptrs + F, w3, k_start, steps, row_ok, off_n, BLOCK_K)
+    for k in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
+        acc = tl.dot(a.load([off_m, k]), b.load([k, off_n]), acc)
 
+    rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
-    out = partials + (split * T + rows)[:, None] * H + cols[None, :]
-    tl.store(out, acc, mask=row_ok[:, None] & (cols < H)[None, :])
+    out = partials + ((FIRST_PARTIAL + split) * T + rows)[:, None] * N + cols[None, :]
+    tl.store(out, acc, mask=(rows < T)[:, None] & (cols < N)[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "B", "SEARCH_STEPS"])

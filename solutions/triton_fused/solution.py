@@ -45,20 +45,26 @@ class Plan:
     grad_w2: Tile
     grad_w13: Tile  # grad_w1 and grad_w3, one launch each
     dx: Tile
-    dx_split: int  # split-K factor of dx (upper bound; reduced until it divides F)
-    overlap_grad_w2: bool = False  # run grad_w2 on a second stream, beside dh_swiglu and grad_w13
+    dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
+    overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu and grad_w13
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
-# benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md); the side stream for grad_w2 pays only
-# where the GPU is memory-bound (T <= 128).
+# benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). grad_w2 runs on a side stream in every
+# bucket: dh leaves SMs idle (56-112 tiles on 132 SMs at T <= 256) and grad_w2 fills them.
+_SMALL = Tile(64, 128, 64, 4, 4, 2)
+_WIDE = Tile(128, 256, 64, 8, 3)
+_WIDE_PERSISTENT = Tile(128, 256, 64, 8, 3, 2, 1, True)
+_WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
+_WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(Tile(64, 64, 64, 4, 4), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(64, 128, 64, 4, 4), 4, True)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 256, 64, 8, 3), 8, True)),
-    (256, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 256, 64, 8, 3), 4)),
-    (512, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 128, 64, 4, 3, 1, 1, True), Tile(128, 256, 64, 8, 3, 2, 1, True), Tile(128, 256, 64, 8, 3), 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2), Tile(128, 256, 64, 8, 3, 2, 1, True), Tile(128, 256, 64, 8, 3, 2, 1, True), Tile(128, 256, 64, 8, 3), 1)),
-)  # fmt: skip
+    (64, Plan(_SMALL, _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 2)),
+    (128, Plan(_SMALL, _WGRAD_SMALL, _WGRAD_SMALL, Tile(64, 128, 64, 4, 4), 2)),
+    (256, Plan(_WIDE_PERSISTENT, _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
+    (384, Plan(Tile(128, 128, 64, 8, 4, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
+    (512, Plan(_WIDE_PERSISTENT, _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
+    (1 << 30, Plan(_WIDE_PERSISTENT, _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
+)
 
 
 def plan_for(num_tokens: int) -> Plan:
@@ -110,7 +116,8 @@ class Problem:
         self.x_precise = torch.empty(self.tokens, hidden, device=self.device, dtype=self.precise_dtype)
         self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
         self.dd = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
-        self.partials = torch.empty(self.dx_split, self.tokens, hidden, device=self.device, dtype=torch.float32)
+        self.dd_low = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=operand)
+        self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=torch.float32)
 
 
 def prologue(p: Problem) -> None:
@@ -127,7 +134,7 @@ def dh_swiglu(p: Problem, t: Tile) -> None:
     dh_swiglu_kernel[_grid(tiles, t, p.device)](
         _descriptor(p.g, [t.block_m, t.block_k]), _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
         i["w1_output"], i["up_output"], i["gate_output"], _descriptor(p.dd, [t.block_m, t.block_n // t.epilogue_split]),
-        i["selected_weights"], p.tokens, p.hidden, p.ffn,
+        p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
@@ -154,20 +161,21 @@ def grad_w13(p: Problem, t: Tile) -> None:
 
 
 def dx(p: Problem, t: Tile) -> None:
-    i = p.inputs
-    weights = [_descriptor(i[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight")]
-    dx_kernel[(triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)](
-        p.dd, *weights, p.partials, p.tokens, p.hidden, p.ffn,
-        p.ffn // p.dx_split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        num_warps=t.num_warps, num_stages=t.num_stages,
-    )  # fmt: skip
+    grid = (triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)
+    for half, weight in enumerate(("w1_weight", "w3_weight")):
+        dd_half = p.dd_low[:, half * p.ffn : (half + 1) * p.ffn]
+        dx_kernel[grid](
+            _descriptor(dd_half, [t.block_m, t.block_k]), _descriptor(p.inputs[weight], [t.block_k, t.block_n]),
+            p.partials, p.tokens, p.hidden, p.ffn // p.dx_split, half * p.dx_split,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
 
 
 def finalise(p: Problem) -> None:
     o = p.outputs
     finalise_kernel[(p.batch,)](
         p.inputs["token_indices"], p.partials, p.routing_partials, o["grad_hidden_states"], o["grad_routing_weights"],
-        p.tokens, p.batch, p.hidden, p.tokens.bit_length(), SPLIT_K=p.dx_split, ROUTING_CHUNKS=p.routing_chunks,
+        p.tokens, p.batch, p.hidden, p.tokens.bit_length(), SPLIT_K=2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks,
         BLOCK_H=min(1024, triton.next_power_of_2(p.hidden)),
     )  # fmt: skip
 
