@@ -33,19 +33,21 @@ def interpreted():
 
 
 def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_sm: int = 0):
-    """Tiny tiles; epilogue_split and programs_per_sm apply to dh_swiglu and the weight gradients (the CPU
-    interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each program walk several tiles)."""
+    """Tiny tiles; epilogue_split (at most 2 for the weight gradients) and programs_per_sm apply to dh_swiglu
+    and the weight gradients (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each
+    program walk several tiles)."""
     tile = module.Tile
-    wgrad = tile(32, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0)
+    wgrad = tile(32, 32, 16, 1, 1, min(epilogue_split, 2), programs_per_sm, programs_per_sm > 0)
     dh = tile(16, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0)
     return module.Plan(dh, wgrad, wgrad, tile(16, 32, 16, 1, 1), dx_split)
 
 
-CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile
+CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile, F too
     (1, 1, 32, 64),
     (16, 16, 32, 96),
     (50, 33, 64, 64),
     (37, 19, 32, 128),
+    (20, 9, 32, 80),
 ]
 
 
@@ -66,8 +68,11 @@ def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 
 
-def test_epilogue_on_column_halves(interpreted) -> None:
-    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 64), torch.float32, torch.float32, epilogue_split=2)
+@pytest.mark.parametrize("epilogue_split", [2, 4])
+@pytest.mark.parametrize("ffn", [64, 80])
+def test_epilogue_on_column_pieces(interpreted, epilogue_split: int, ffn: int) -> None:
+    """F = 80 ends inside a 32-wide tile: the pieces past column F must be clipped, not spill into d_up."""
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, epilogue_split=epilogue_split)
     for spec, out, ref in zip(OUTPUTS, outputs, expected):
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 

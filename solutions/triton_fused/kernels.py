@@ -69,14 +69,14 @@ def prologue_kernel(
 
 @triton.jit
 def _swiglu_backward_store(
-    dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low,
+    dh, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32, into dd
-    (a descriptor) and dd_low (a pointer).
+    """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32; each is
+    stored twice, in fp16 (d_a, d_up) and in bf16 (d_a_low, d_up_low).
 
-    The activations come through plain loads straight into registers, and dd_low is written by plain
-    stores: staged through shared memory for TMA, their tiles would not fit beside the pipeline buffers.
+    The activations come through plain loads straight into registers: staged through shared memory by TMA,
+    their three tiles would crowd out the pipeline buffers.
     """
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
@@ -86,32 +86,41 @@ def _swiglu_backward_store(
     up = tl.load(up_output + act, mask=mask, other=0.0).to(tl.float32)
     gate = tl.load(gate_output + act, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
-    d_a = dh * up * s * (1.0 + a * (1.0 - s))
-    d_up = dh * gate
-    dd.store([off_m, off_n], d_a.to(dd.dtype))
-    dd.store([off_m, F + off_n], d_up.to(dd.dtype))
-    low = rows[:, None] * (2 * F) + cols[None, :]
-    tl.store(dd_low + low, d_a.to(dd_low.dtype.element_ty), mask=mask)
-    tl.store(dd_low + low + F, d_up.to(dd_low.dtype.element_ty), mask=mask)
+    grad_a = dh * up * s * (1.0 + a * (1.0 - s))
+    grad_up = dh * gate
+    d_a.store([off_m, off_n], grad_a.to(d_a.dtype))
+    d_up.store([off_m, off_n], grad_up.to(d_up.dtype))
+    d_a_low.store([off_m, off_n], grad_a.to(d_a_low.dtype))
+    d_up_low.store([off_m, off_n], grad_up.to(d_up_low.dtype))
+
+
+@triton.jit
+def _halves(x, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    """The left and right column halves of a (BLOCK_M, WIDTH) tile."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, WIDTH // 2)), (0, 2, 1)))
 
 
 @triton.jit(do_not_specialize=["T"])
 def dh_swiglu_kernel(
-    g, w2, w1_output, up_output, gate_output, dd, dd_low, selected_weights,
+    g, w2, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, selected_weights,
     T, H, F,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # ffn columns per tile
     BLOCK_K: tl.constexpr,  # hidden columns per step
-    EPILOGUE_SPLIT: tl.constexpr,  # 1 or 2: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
+    EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
     FLATTEN: tl.constexpr,  # pipeline across the tiles of a persistent program
 ):  # fmt: skip
     """dh = diag(w) (g @ w2) with the SwiGLU backward fused into the epilogue.
 
     g and w2 are descriptors with blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]; the (T, F) activations
-    are pointers; dd = [d_a | d_up] (T x 2F, fp16) is a descriptor with block [BLOCK_M, BLOCK_N /
-    EPILOGUE_SPLIT]; dd_low (T x 2F, bf16, the same values for dx) is a pointer. Tiles are numbered token-tile fastest, so the programs that read one column block
-    of w2 run together and each byte of w2 comes from HBM once. Three fp32 activation tiles beside the
-    accumulator overflow the registers, so the epilogue can run on column halves (EPILOGUE_SPLIT = 2).
+    are pointers. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]:
+    d_a and d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past
+    column F is clipped there rather than spilling into the other half) and the same values in bf16 for dx.
+
+    Tiles are numbered token-tile fastest, so the programs that read one column block of w2 run together and
+    each byte of w2 comes from HBM once. Three fp32 activation tiles beside the accumulator overflow the
+    registers, and each store stages its tile in shared memory, so the epilogue can run on column halves or
+    quarters (EPILOGUE_SPLIT = 2 or 4).
     """
     num_m = tl.cdiv(T, BLOCK_M)
     num_tiles = num_m * tl.cdiv(F, BLOCK_N)
@@ -125,12 +134,22 @@ def dh_swiglu_kernel(
         rows = off_m + tl.arange(0, BLOCK_M)
         dh = acc * tl.load(selected_weights + rows, mask=rows < T, other=0.0).to(tl.float32)[:, None]
         if EPILOGUE_SPLIT == 1:
-            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low, BLOCK_M, BLOCK_N)
+            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N)
+        elif EPILOGUE_SPLIT == 2:
+            half: tl.constexpr = BLOCK_N // 2
+            left, right = _halves(dh, BLOCK_M, BLOCK_N)
+            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
+            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
         else:
             half: tl.constexpr = BLOCK_N // 2
-            left, right = tl.split(tl.permute(tl.reshape(dh, (BLOCK_M, 2, half)), (0, 2, 1)))
-            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low, BLOCK_M, half)
-            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output, dd, dd_low, BLOCK_M, half)
+            quarter: tl.constexpr = BLOCK_N // 4
+            left, right = _halves(dh, BLOCK_M, BLOCK_N)
+            q0, q1 = _halves(left, BLOCK_M, half)
+            q2, q3 = _halves(right, BLOCK_M, half)
+            _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -161,7 +180,7 @@ def weight_grad_kernel(
         if EPILOGUE_SPLIT == 1:
             c.store([off_m, off_n], acc.to(c.dtype))
         else:
-            left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            left, right = _halves(acc, BLOCK_M, BLOCK_N)
             c.store([off_m, off_n], left.to(c.dtype))
             c.store([off_m, off_n + BLOCK_N // 2], right.to(c.dtype))
 

@@ -34,7 +34,7 @@ class Tile:
     block_k: int
     num_warps: int
     num_stages: int
-    epilogue_split: int = 1  # dh_swiglu and weight_grad: column pieces of the epilogue
+    epilogue_split: int = 1  # column pieces of the epilogue: 1, 2 or 4 for dh_swiglu, 1 or 2 for weight_grad
     programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
     flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
 
@@ -52,18 +52,16 @@ class Plan:
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
 # benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). grad_w2 runs on a side stream in every
 # bucket: dh leaves SMs idle (56-112 tiles on 132 SMs at T <= 256) and grad_w2 fills them.
-_SMALL = Tile(64, 128, 64, 4, 4, 2)
 _WIDE = Tile(128, 256, 64, 8, 3)
-_WIDE_PERSISTENT = Tile(128, 256, 64, 8, 3, 2, 1, True)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(_SMALL, _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 2)),
-    (128, Plan(_SMALL, _WGRAD_SMALL, _WGRAD_SMALL, Tile(64, 128, 64, 4, 4), 2)),
-    (256, Plan(_WIDE_PERSISTENT, _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
-    (384, Plan(Tile(128, 128, 64, 8, 4, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
-    (512, Plan(_WIDE_PERSISTENT, _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
-    (1 << 30, Plan(_WIDE_PERSISTENT, _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
+    (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_SMALL, _WGRAD_SMALL, Tile(64, 128, 64, 4, 4), 4)),
+    (256, Plan(Tile(128, 256, 64, 8, 3, 2), _WGRAD_SMALL, _WGRAD_WIDE, Tile(128, 128, 64, 4, 4), 2)),
+    (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
+    (512, Plan(Tile(128, 256, 64, 8, 3, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2, 1, True), _WGRAD_WIDE, Tile(128, 256, 64, 8, 3, 2, 1, True), _WIDE, 1)),
 )
 
 
@@ -130,11 +128,12 @@ def prologue(p: Problem) -> None:
 
 def dh_swiglu(p: Problem, t: Tile) -> None:
     i = p.inputs
+    block = [t.block_m, t.block_n // t.epilogue_split]
+    outputs = [_descriptor(dd[:, half * p.ffn : (half + 1) * p.ffn], block) for dd in (p.dd, p.dd_low) for half in (0, 1)]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
     dh_swiglu_kernel[_grid(tiles, t, p.device)](
         _descriptor(p.g, [t.block_m, t.block_k]), _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
-        i["w1_output"], i["up_output"], i["gate_output"], _descriptor(p.dd, [t.block_m, t.block_n // t.epilogue_split]),
-        p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn,
+        i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
