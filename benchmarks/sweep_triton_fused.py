@@ -151,7 +151,8 @@ def main() -> None:
         for stage, fn in cublas.items():
             record({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": bench(fn)})
 
-        plans = {"bucket plan": fused.plan_for(tokens)}
+        bucket = fused.plan_for(tokens)
+        plans = {"bucket plan": bucket, "bucket plan, dx beside grad_w13": dataclasses.replace(bucket, overlap_dx=True)}
         if len(best) == 4:
             swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
             plans["best per stage"] = swept

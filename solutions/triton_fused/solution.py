@@ -8,7 +8,9 @@ it needs torch and triton only, so an exported copy runs without this repository
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +48,8 @@ class Plan:
     grad_w13: Tile  # grad_w1 and grad_w3, one launch each
     dx: Tile
     dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
-    overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu and grad_w13
+    overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu
+    overlap_dx: bool = False  # run dx on the second stream, beside grad_w1 and grad_w3
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
@@ -58,10 +61,10 @@ _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
 PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_SMALL, _WGRAD_SMALL, Tile(64, 128, 64, 4, 4), 4)),
-    (256, Plan(Tile(128, 256, 64, 8, 3, 2), _WGRAD_SMALL, _WGRAD_WIDE, Tile(128, 128, 64, 4, 4), 2)),
+    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_SMALL, _WGRAD_WIDE, Tile(128, 128, 64, 4, 4), 2)),
     (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
-    (512, Plan(Tile(128, 256, 64, 8, 3, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 2, 1, True), _WGRAD_WIDE, Tile(128, 256, 64, 8, 3, 2, 1, True), _WIDE, 1)),
+    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
 )
 
 
@@ -191,25 +194,31 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if hidden % plan.dh.block_k or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
+    # Two streams where the plan asks: grad_w2 needs only the prologue's ge, dx only dh's output. The caller's
+    # stream waits for the side stream before finalise, so every buffer outlives its use there and the
+    # caller's stream sees all of the work.
+    side = _side_stream(p.g.device) if p.g.is_cuda and (plan.overlap_grad_w2 or plan.overlap_dx) else None
     prologue(p)
-    if plan.overlap_grad_w2 and p.g.is_cuda:
-        # grad_w2 needs only the prologue's ge. The main stream waits for the side stream before returning,
-        # so every buffer outlives its use there and the caller's stream sees all of the work.
-        main, side = torch.cuda.current_stream(), _side_stream(p.g.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            grad_w2(p, plan.grad_w2)
-        dh_swiglu(p, plan.dh)
-        grad_w13(p, plan.grad_w13)
-        dx(p, plan.dx)
-        finalise(p)
-        main.wait_stream(side)
-        return
+    with _beside(side, plan.overlap_grad_w2):
+        grad_w2(p, plan.grad_w2)
     dh_swiglu(p, plan.dh)
-    grad_w2(p, plan.grad_w2)
+    with _beside(side, plan.overlap_dx):
+        dx(p, plan.dx)
     grad_w13(p, plan.grad_w13)
-    dx(p, plan.dx)
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
     finalise(p)
+
+
+@contextlib.contextmanager
+def _beside(side: torch.cuda.Stream | None, enabled: bool) -> Iterator[None]:
+    """Issue the block on the side stream, after everything issued so far on the current one, if enabled."""
+    if side is None or not enabled:
+        yield
+        return
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
