@@ -133,23 +133,32 @@ def dh_swiglu_kernel(
 
         rows = off_m + tl.arange(0, BLOCK_M)
         dh = acc * tl.load(selected_weights + rows, mask=rows < T, other=0.0).to(tl.float32)[:, None]
+        # fmt: off
         if EPILOGUE_SPLIT == 1:
-            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N)
+            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N)
         elif EPILOGUE_SPLIT == 2:
             half: tl.constexpr = BLOCK_N // 2
             left, right = _halves(dh, BLOCK_M, BLOCK_N)
-            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
-            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
+            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
+            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
         else:
             half: tl.constexpr = BLOCK_N // 2
             quarter: tl.constexpr = BLOCK_N // 4
             left, right = _halves(dh, BLOCK_M, BLOCK_N)
             q0, q1 = _halves(left, BLOCK_M, half)
             q2, q3 = _halves(right, BLOCK_M, half)
-            _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
-            _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
-            _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
-            _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+            _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output,
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+        # fmt: on
 
 
 @triton.jit(do_not_specialize=["T"])

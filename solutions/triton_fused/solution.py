@@ -49,12 +49,13 @@ class Plan:
     dx: Tile
     dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
     overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu
-    overlap_dx: bool = False  # run dx on the second stream, beside grad_w1 and grad_w3
+    overlap_dx: bool = True  # run dx on the second stream, beside grad_w1 and grad_w3
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
-# benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). grad_w2 runs on a side stream in every
-# bucket: dh leaves SMs idle (56-112 tiles on 132 SMs at T <= 256) and grad_w2 fills them.
+# benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). Every bucket uses the side stream: grad_w2
+# fills the SMs that dh leaves idle (56-112 tiles on 132 SMs at T <= 256), and dx, bound by reading the
+# weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us).
 _WIDE = Tile(128, 256, 64, 8, 3)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
