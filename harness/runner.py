@@ -112,6 +112,11 @@ LATE_WORK_SHARE = 0.25
 LATE_WORK_MIN_MS = 0.5
 # Verdicts on the process's state rather than on one call: the harness repairs the state, but the
 # solution stays marked for the rest of the run (it may have changed the state at import time).
+# Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
+# they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
+# set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
+# on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong.
+GROSS_MISMATCH_RATIO = 0.9
 PATCHED_FUNCTIONS = "replaced timing, synchronisation or harness functions"
 CHANGED_SETTINGS = "changed process-wide settings"
 
@@ -208,6 +213,12 @@ def check_outputs(
     ]
     message = "; ".join(f"{c.name}: {c.message}" for c in checks if c.status is not Status.PASSED)
     return checks, worst([c.status for c in checks]), message
+
+
+def _grossly_wrong(check: OutputCheck) -> bool:
+    if check.status is Status.PASSED:
+        return False
+    return check.has_nan or check.has_inf or check.matched_ratio is None or check.matched_ratio < GROSS_MISMATCH_RATIO
 
 
 def compute_reference(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -449,10 +460,17 @@ class Bench:
                 result.status = Status.REWARD_HACK
                 result.message = f"inputs modified during timing (seed {seed}): {', '.join(mutated)}"
                 return
-            _, status, detail = check_outputs(workload, outputs, compute_reference(inputs))
+            checks, status, detail = check_outputs(workload, outputs, compute_reference(inputs))
             if status is not Status.PASSED:
-                result.status = Status.REWARD_HACK
-                result.message = f"outputs of timed calls (seed {seed}) fail although the trials passed: {detail}"
+                if any(_grossly_wrong(check) for check in checks):
+                    result.status = Status.REWARD_HACK
+                    result.message = f"outputs of timed calls (seed {seed}) are wrong although the trials passed: {detail}"
+                else:
+                    result.status = Status.INCORRECT_NUMERICAL
+                    result.message = (
+                        f"outputs of timed calls (seed {seed}) narrowly miss the tolerance although the trials passed "
+                        f"(numerically marginal, not counted as cheating): {detail}"
+                    )
                 return
 
 

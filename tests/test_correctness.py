@@ -129,6 +129,17 @@ def test_timed_outputs_are_checked_too(make_solution) -> None:
     assert "timed calls" in workload.message
 
 
+def test_timed_outputs_that_narrowly_miss_are_a_numerical_failure(make_solution) -> None:
+    """Right in the trials, then 1 element in 60 of grad_w2 off: a marginal solution, not a cheat."""
+    body = TEMPLATE.format(
+        sabotage="    CALLS.append(1)\n    if len(CALLS) > 2:\n        grad_w2_weight.view(-1)[::60] += 1.0"
+    ).replace("def run", "CALLS = []\n\ndef run")
+    root = make_solution("marginal_later", body)
+    workload = bench(root, "marginal_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is Status.INCORRECT_NUMERICAL
+    assert "timed calls" in workload.message and "narrowly" in workload.message
+
+
 def test_matched_ratio_threshold_is_inclusive() -> None:
     spec = OUTPUTS[2]
     ref = torch.ones(10, 100, dtype=torch.bfloat16)
