@@ -154,14 +154,14 @@ def check_call(
     """
     snapshot = guards.snapshot(inputs)
     settings, watched = pristine.settings, pristine.functions
-    guards.poison(outputs)
-    _synchronize(device)
     events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if device.type == "cuda" else None
 
     def verdict(status: Status, message: str) -> tuple[TrialReport, list[object]]:
         return TrialReport(seed=seed, status=status, message=message), []
 
-    try:
+    def call_once() -> tuple[list[object], list[str], float, float, list[str]]:
+        guards.poison(outputs)
+        _synchronize(device)
         if events:
             events[0].record()
         produced = call(inputs, outputs)
@@ -169,7 +169,18 @@ def check_call(
             events[1].record()
         still_running = guards.threads_running_code_in(call.folder)
         late_ms, own_ms = _late_gpu_work_ms(*events) if events else (0.0, 0.0)
-        patched = guards.patched_functions(watched)
+        return produced, still_running, late_ms, own_ms, guards.patched_functions(watched)
+
+    def late(late_ms: float, own_ms: float) -> bool:
+        return late_ms > max(LATE_WORK_MIN_MS, LATE_WORK_SHARE * own_ms)
+
+    try:
+        produced, still_running, late_ms, own_ms, patched = call_once()
+        if late(late_ms, own_ms) and not still_running and not patched:
+            # The host times the wait, so a descheduled host thread can look like late GPU work once (seen on
+            # the H200: 0.9 ms after one of ~1000 honest calls). Work really left on another stream shows up
+            # again on a second call with the same inputs; the second call's outputs are the ones checked.
+            produced, still_running, late_ms, own_ms, patched = call_once()
     except Exception as exc:  # a solution's failure of any kind is a result, not a crash of the harness
         guards.patched_functions(watched)
         guards.restore_numeric_settings(settings)
@@ -181,11 +192,11 @@ def check_call(
         return verdict(Status.REWARD_HACK, f"threads still running the solution's code after it returned: {', '.join(still_running)}")
     if patched:
         return verdict(Status.REWARD_HACK, f"{PATCHED_FUNCTIONS}: {', '.join(patched)}")
-    if late_ms > max(LATE_WORK_MIN_MS, LATE_WORK_SHARE * own_ms):
+    if late(late_ms, own_ms):
         return verdict(
             Status.REWARD_HACK,
-            f"GPU work ran {late_ms:.3f} ms after the call returned (the call's stream took {own_ms:.3f} ms): "
-            "work left on another stream is outside the timed window",
+            f"GPU work ran {late_ms:.3f} ms after the call returned (the call's stream took {own_ms:.3f} ms), on two "
+            "calls in a row: work left on another stream is outside the timed window",
         )
     if changed:
         return verdict(Status.REWARD_HACK, f"{CHANGED_SETTINGS}: {', '.join(changed)}")
