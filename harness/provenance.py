@@ -79,10 +79,15 @@ def _git(*args: str) -> str | None:
 
 
 def git_state() -> tuple[str, bool | None]:
-    """The harness's commit; HARNESS_GIT_COMMIT stands in where the tree travelled without .git (the GPU machine)."""
+    """The harness's commit. HARNESS_GIT_COMMIT, where set, overrides git: on the GPU machine the working tree
+    arrives as a copy whose .git, if any, is not the commit that was copied (there it named the session's
+    first commit, marked dirty)."""
+    override = os.environ.get("HARNESS_GIT_COMMIT")
+    if override:
+        return override, None
     commit = _git("rev-parse", "HEAD")
     if commit is None:
-        return os.environ.get("HARNESS_GIT_COMMIT", "unknown"), None
+        return "unknown", None
     status = _git("status", "--porcelain", "--untracked-files=no")
     return commit, bool(status) if status is not None else None
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import provenance
 from harness.registry import get_solution
 from harness.results import ResultsError, load_result, result_path, save
 from harness.runner import Bench, BenchOptions
@@ -68,3 +69,12 @@ def test_side_by_side_interleaves_per_workload_and_feeds_the_baseline() -> None:
     assert eager.solution.name == "torch_eager" and baseline.solution.name == "reference_fp32"
     for mine, base in zip(eager.workloads, baseline.workloads):
         assert mine.baseline_us == base.latency_us is not None
+
+
+def test_harness_git_commit_overrides_the_working_copy(monkeypatch) -> None:
+    """On the GPU machine the copied tree's .git names another commit: the commit given by the caller wins."""
+    monkeypatch.setenv("HARNESS_GIT_COMMIT", "b8faf19")
+    assert provenance.git_state() == ("b8faf19", None)
+    monkeypatch.delenv("HARNESS_GIT_COMMIT")
+    commit, _ = provenance.git_state()
+    assert commit != "b8faf19"
