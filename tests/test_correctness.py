@@ -118,26 +118,21 @@ def test_cuda_only_solution_is_skipped_on_cpu(make_solution) -> None:
     assert "runs on cuda only" in result.workloads[0].message
 
 
-def test_timed_outputs_are_checked_too(make_solution) -> None:
-    """A solution that is right during the trials but not afterwards (here: from its 3rd call on) is caught."""
-    body = TEMPLATE.format(
-        sabotage="    CALLS.append(1)\n    if len(CALLS) > 2:\n        grad_w2_weight.zero_()"
-    ).replace("def run", "CALLS = []\n\ndef run")
-    root = make_solution("lazy_later", body)
-    workload = bench(root, "lazy_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
-    assert workload.status is Status.REWARD_HACK
-    assert "timed calls" in workload.message
-
-
-def test_timed_outputs_that_narrowly_miss_are_a_numerical_failure(make_solution) -> None:
-    """Right in the trials, then 1 element in 60 of grad_w2 off: a marginal solution, not a cheat."""
-    body = TEMPLATE.format(
-        sabotage="    CALLS.append(1)\n    if len(CALLS) > 2:\n        grad_w2_weight.view(-1)[::60] += 1.0"
-    ).replace("def run", "CALLS = []\n\ndef run")
-    root = make_solution("marginal_later", body)
-    workload = bench(root, "marginal_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
-    assert workload.status is Status.INCORRECT_NUMERICAL
-    assert "timed calls" in workload.message and "narrowly" in workload.message
+@pytest.mark.parametrize(
+    ("after_the_trials", "expected", "wording"),
+    [
+        ("grad_w2_weight.zero_()", Status.REWARD_HACK, "are wrong"),  # the work skipped
+        ("grad_w2_weight.view(-1)[::60] += 1.0", Status.INCORRECT_NUMERICAL, "narrowly miss"),  # 1 element in 60 off
+    ],
+)
+def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, expected: Status, wording: str) -> None:
+    """A solution right during the trials but not afterwards (from its 3rd call on) fails: grossly wrong
+    outputs are cheating, outputs that narrowly miss are a solution at the edge of the tolerance."""
+    body = TEMPLATE.format(sabotage=f"    CALLS.append(1)\n    if len(CALLS) > 2:\n        {after_the_trials}")
+    root = make_solution("wrong_later", body.replace("def run", "CALLS = []\n\ndef run"))
+    workload = bench(root, "wrong_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is expected, workload.message
+    assert "timed calls" in workload.message and wording in workload.message
 
 
 def test_matched_ratio_threshold_is_inclusive() -> None:
