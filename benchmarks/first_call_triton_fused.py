@@ -19,7 +19,7 @@ from harness.problem import OUTPUTS, Dims
 from harness.registry import get_solution
 from reference import generate_inputs
 
-BUCKET_REPRESENTATIVES = (64, 128, 256, 512, 2048)
+BUCKET_REPRESENTATIVES = (64, 128, 256, 384, 512, 2048)  # one T per bucket of solution.PLANS
 
 
 def arguments(dims: Dims) -> list[torch.Tensor]:
