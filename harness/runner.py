@@ -137,6 +137,22 @@ def _late_gpu_work_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> tuple[f
     return (_clock() - waited) * 1e3, _event_elapsed_ms(start, end)
 
 
+@dataclass
+class LateWorkWatch:
+    """Late GPU work seen so far on one workload. The host times the wait for it, so a descheduled host thread
+    can look like late work once (seen on the H200: 0.9 ms after one of ~1000 honest calls). A first sighting
+    is re-measured with a second call on the same inputs; a second sighting, on that call or on any later
+    trial of the workload, is the verdict, so a solution that leaves work behind on alternate calls only is
+    caught too."""
+
+    sightings: int = 0
+
+    def confirm(self) -> bool:
+        """Record a sighting; True when it is the verdict, False when the call should be measured again."""
+        self.sightings += 1
+        return self.sightings >= 2
+
+
 def check_call(
     call: SolutionCaller,
     workload: Workload,
@@ -146,6 +162,7 @@ def check_call(
     device: torch.device,
     seed: int,
     pristine: guards.Pristine,
+    late_work: LateWorkWatch,
 ) -> tuple[TrialReport, list[object]]:
     """One guarded call of the solution; returns the verdict and what the call produced.
 
@@ -176,11 +193,11 @@ def check_call(
 
     try:
         produced, still_running, late_ms, own_ms, patched = call_once()
-        if late(late_ms, own_ms) and not still_running and not patched:
-            # The host times the wait, so a descheduled host thread can look like late GPU work once (seen on
-            # the H200: 0.9 ms after one of ~1000 honest calls). Work really left on another stream shows up
-            # again on a second call with the same inputs; the second call's outputs are the ones checked.
+        if late(late_ms, own_ms) and not still_running and not patched and not late_work.confirm():
+            # Measured again; the second call's outputs are the ones checked.
             produced, still_running, late_ms, own_ms, patched = call_once()
+            if late(late_ms, own_ms):
+                late_work.confirm()
     except Exception as exc:  # a solution's failure of any kind is a result, not a crash of the harness
         guards.patched_functions(watched)
         guards.restore_numeric_settings(settings)
@@ -195,8 +212,8 @@ def check_call(
     if late(late_ms, own_ms):
         return verdict(
             Status.REWARD_HACK,
-            f"GPU work ran {late_ms:.3f} ms after the call returned (the call's stream took {own_ms:.3f} ms), on two "
-            "calls in a row: work left on another stream is outside the timed window",
+            f"GPU work ran {late_ms:.3f} ms after the call returned (the call's stream took {own_ms:.3f} ms), seen on "
+            f"{late_work.sightings} calls of this workload: work left on another stream is outside the timed window",
         )
     if changed:
         return verdict(Status.REWARD_HACK, f"{CHANGED_SETTINGS}: {', '.join(changed)}")
@@ -398,6 +415,7 @@ class Bench:
         output_pool = [allocate_outputs(workload, self.device) for _ in range(self.options.input_sets)]
         trials: list[TrialReport] = []
         earlier: list[list[torch.Tensor]] = []
+        late_work = LateWorkWatch()
         for trial in range(self.options.trials):
             near_duplicate = trial == self.options.trials - 1 and trial >= 2
             k = 0 if near_duplicate else trial % len(pool)
@@ -407,7 +425,7 @@ class Bench:
             if near_duplicate:
                 redraw(inputs, "grad_output", trial_seed(self.options.seed, index, trial))
             report, produced = check_call(
-                call, workload, inputs, output_pool[k], compute_reference(inputs), self.device, seed, self._pristine
+                call, workload, inputs, output_pool[k], compute_reference(inputs), self.device, seed, self._pristine, late_work
             )
             replayed = next((j for j, old in enumerate(earlier) if produced and all(map(_same_bits, produced, old))), None)
             if replayed is not None:

@@ -10,7 +10,7 @@ import torch
 from harness.correctness import check_output
 from harness.problem import OUTPUTS
 from harness.registry import get_solution
-from harness.runner import Bench, BenchOptions
+from harness.runner import Bench, BenchOptions, LateWorkWatch
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import Tolerance, load_named_suite
@@ -133,6 +133,15 @@ def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, exp
     workload = bench(root, "wrong_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is expected, workload.message
     assert "timed calls" in workload.message and wording in workload.message
+
+
+def test_late_work_is_a_verdict_on_its_second_sighting() -> None:
+    """A first sighting asks for a second call; the second sighting in a workload, on that call or a later
+    trial, is the verdict (the GPU side of this runs in tests/adversarial, side_stream and side_stream_alternate)."""
+    watch = LateWorkWatch()
+    assert watch.confirm() is False
+    assert watch.confirm() is True
+    assert watch.sightings == 2
 
 
 def test_matched_ratio_threshold_is_inclusive() -> None:
