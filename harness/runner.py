@@ -57,7 +57,8 @@ class BenchOptions:
 
 
 def trial_seed(base_seed: int, workload_index: int, trial: int) -> int:
-    """Distinct, reproducible seeds: one per (workload, trial); timing sets use trial numbers past the trials."""
+    """Distinct, reproducible seeds: one per (workload, trial); timing sets use trial numbers past the trials
+    and the trials that may be added to confirm late GPU work."""
     return base_seed * 1_000_003 + workload_index * 1_009 + trial
 
 
@@ -110,6 +111,10 @@ def _synchronize(device: torch.device) -> None:
 # counted the harness's own checks between the call and that event: 0.2-0.6 ms of false "late work".)
 LATE_WORK_SHARE = 0.25
 LATE_WORK_MIN_MS = 0.5
+# Trials added when the trials end with one unconfirmed sighting of late work (see LateWorkWatch): the
+# sighting may have been the only one the trials could see (a first call's host time masks late work, and
+# a solution may leave work behind on alternate calls only; seen on the H200 with 3 trials).
+LATE_WORK_RECHECKS = 2
 # Verdicts on the process's state rather than on one call: the harness repairs the state, but the
 # solution stays marked for the rest of the run (it may have changed the state at import time).
 # Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
@@ -416,7 +421,10 @@ class Bench:
         trials: list[TrialReport] = []
         earlier: list[list[torch.Tensor]] = []
         late_work = LateWorkWatch()
-        for trial in range(self.options.trials):
+        for trial in range(self.options.trials + LATE_WORK_RECHECKS):
+            recheck = trial >= self.options.trials
+            if recheck and late_work.sightings != 1:
+                break
             near_duplicate = trial == self.options.trials - 1 and trial >= 2
             k = 0 if near_duplicate else trial % len(pool)
             seed = trial_seed(self.options.seed, index, 0 if near_duplicate else trial)
@@ -433,6 +441,8 @@ class Bench:
                 report.message = f"outputs identical to trial {replayed}'s although the inputs differ: replayed outputs"
             if near_duplicate:
                 report.message = "(trial 0's inputs with grad_output redrawn) " + report.message
+            if recheck:
+                report.message = "(a trial added after one unconfirmed sighting of late GPU work) " + report.message
             if report.status is Status.PASSED:
                 earlier.append([out.clone() for out in produced])
             trials.append(report)
@@ -458,7 +468,7 @@ class Bench:
     ) -> None:
         produced: list[list[object]] = [[] for _ in pool]
         last_seed = [0] * len(pool)
-        calls = iter(range(self.options.trials, 1 << 62))
+        calls = iter(range(self.options.trials + LATE_WORK_RECHECKS, 1 << 62))
 
         def prepare(k: int) -> None:
             last_seed[k] = trial_seed(self.options.seed, index, next(calls))

@@ -10,7 +10,8 @@ import torch
 from harness.correctness import check_output
 from harness.problem import OUTPUTS
 from harness.registry import get_solution
-from harness.runner import Bench, BenchOptions, LateWorkWatch
+from harness import runner
+from harness.runner import Bench, BenchOptions, LateWorkWatch, check_call
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import Tolerance, load_named_suite
@@ -142,6 +143,26 @@ def test_late_work_is_a_verdict_on_its_second_sighting() -> None:
     assert watch.confirm() is False
     assert watch.confirm() is True
     assert watch.sightings == 2
+
+
+@pytest.mark.parametrize(("sighted_at", "trials_run"), [(None, 3), (2, 3 + runner.LATE_WORK_RECHECKS)])
+def test_an_unconfirmed_late_work_sighting_adds_trials(make_solution, monkeypatch, sighted_at, trials_run) -> None:
+    """One sighting the trials could not confirm (here faked on the 2nd call) earns extra trials, so a solution
+    that leaves GPU work behind on alternate calls only meets the check again; none, no extra trials."""
+    calls = []
+
+    def sighting_on_one_call(*args):
+        report, produced = check_call(*args)
+        calls.append(report)
+        if len(calls) == sighted_at:
+            args[-1].confirm()
+        return report, produced
+
+    monkeypatch.setattr(runner, "check_call", sighting_on_one_call)
+    root = make_solution("honest", TEMPLATE.format(sabotage=""))
+    workload = bench(root, "honest", trials=3).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is Status.PASSED, workload.message
+    assert len(workload.trials) == trials_run
 
 
 def test_matched_ratio_threshold_is_inclusive() -> None:
