@@ -2,7 +2,7 @@
 product; check every candidate's output against a float32 torch computation of that stage; assemble the
 best tile per stage into a plan per T and time the whole backward with it. GPU only.
 
-    PYTHONPATH=. python3 benchmarks/sweep_triton_fused.py --out sweep.json
+    PYTHONPATH=. python3 benchmarks/sweep_triton_fused.py --out sweep.jsonl [--tokens 64 256] [--stages none]
 
 Times are means of the harness's own CUDA-event timer (harness.timing: L2 flushed before each call, a GPU
 spin ahead of each batch so the host's launch time stays outside the events), in microseconds.
@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -91,12 +92,13 @@ def main() -> None:
     stage_fns = {"dh_swiglu": fused.dh_swiglu, "grad_w2": fused.grad_w2, "grad_w13": fused.grad_w13, "dx": fused.dx}
     stage_tiles = {"dh_swiglu": tiles["dh_swiglu"], "grad_w2": tiles["grad_w"], "grad_w13": tiles["grad_w"], "dx": tiles["dx"]}
     rows: list[dict] = []
-    out = open(args.out, "w")
+    out = Path(args.out)
+    out.write_text("")
 
     def record(row: dict) -> None:
         rows.append(row)
-        out.write(json.dumps(row) + "\n")
-        out.flush()
+        with out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
 
     def bench(fn: Callable[[], None]) -> float:
         config = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
