@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -79,18 +80,123 @@ def stage_errors(p) -> dict[str, Callable[[object], float]]:
     }
 
 
+def gpu_time_us(fn: Callable[[], None]) -> float:
+    config = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
+    return time_solution(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
+
+
+def sweep_stages(fused, tiles: dict[str, list], tokens: int, problem: Callable[[int], object], stages, record) -> dict:
+    """Every candidate tile of every stage, checked then timed; returns the best (us, tile, split) per stage."""
+    stage_fns = {"dh_swiglu": fused.dh_swiglu, "grad_w2": fused.grad_w2, "grad_w13": fused.grad_w13, "dx": fused.dx}
+    stage_tiles = {"dh_swiglu": tiles["dh_swiglu"], "grad_w2": tiles["grad_w"], "grad_w13": tiles["grad_w"], "dx": tiles["dx"]}
+    errors = stage_errors(problem(1))
+    best: dict[str, tuple[float, object, int]] = {}
+    for stage in [s for s in stage_fns if stages is None or s in stages]:
+        launch = stage_fns[stage]
+        for split in dx_splits(tokens) if stage == "dx" else (1,):
+            p = problem(split)
+            for tile in stage_tiles[stage]:
+                row = {"T": tokens, "stage": stage, "split": split, "tile": str(tile)}
+                started = time.perf_counter()
+                try:
+                    launch(p, tile)
+                    torch.cuda.synchronize()
+                    row["first_call_s"] = time.perf_counter() - started
+                    row["relative_error"] = errors[stage](p)
+                    if row["relative_error"] > MAX_RELATIVE_ERROR:
+                        row["error"] = "wrong result"
+                    else:
+                        row["us"] = gpu_time_us(functools.partial(launch, p, tile))
+                        if stage not in best or row["us"] < best[stage][0]:
+                            best[stage] = (row["us"], tile, split)
+                except Exception as exc:  # noqa: BLE001 - a tile that does not fit (shared memory) is a data point
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                record(row)
+                if stage == "dh_swiglu":  # later stages read dd: restore it
+                    fused.dh_swiglu(p, tiles["dh_swiglu"][0])
+    return best
+
+
+def time_references(fused, p, record) -> None:
+    """The prologue and finalise kernels, and cuBLAS doing each GEMM stage's product (no epilogue work)."""
+    tokens, i, F = p.tokens, p.inputs, p.ffn
+    for stage, launch in (("prologue", fused.prologue), ("finalise", fused.finalise)):
+        record({"T": tokens, "stage": stage, "split": p.dx_split, "tile": "-", "us": gpu_time_us(functools.partial(launch, p))})
+    cublas = {
+        "dh_swiglu": lambda: torch.mm(p.g, i["w2_weight"]),
+        "grad_w2": lambda: torch.mm(p.ge.t(), i["gated_output"]),
+        "grad_w13": lambda: (torch.mm(p.dd[:, :F].t(), p.x_precise), torch.mm(p.dd[:, F:].t(), p.x_precise)),
+        "dx": lambda: torch.addmm(torch.mm(p.dd_low[:, :F], i["w1_weight"]), p.dd_low[:, F:], i["w3_weight"]),
+    }
+    for stage, fn in cublas.items():
+        record({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": gpu_time_us(fn)})
+
+
+def time_plans(fused, tokens: int, arguments: list[torch.Tensor], best: dict, record) -> None:
+    """The whole backward with the bucket's plan, with and without dx on the side stream, and with the best
+    tile per stage (all four stages swept), with and without the side stream."""
+    bucket = fused.plan_for(tokens)
+    plans = {"bucket plan": bucket, "bucket plan, dx beside grad_w13": dataclasses.replace(bucket, overlap_dx=True)}
+    if len(best) == 4:
+        swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
+        plans["best per stage"] = swept
+        plans["best per stage, one stream"] = dataclasses.replace(swept, overlap_grad_w2=False, overlap_dx=False)
+    for name, plan in plans.items():
+        row = {"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan)}
+        try:
+            row["us"] = gpu_time_us(functools.partial(fused.backward, *arguments, plan=plan))
+        except Exception as exc:  # noqa: BLE001 - a plan that does not compile is a data point
+            row["error"] = str(exc)[:300]
+        record(row)
+
+
+def sweep_tokens(fused, tiles: dict[str, list], tokens: int, stages, record) -> None:
+    dims = Dims(BATCH, tokens)
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+
+    def problem(split: int):
+        """The intermediates after the prologue and dh, with dx's partials for this split-K factor."""
+        q = fused.Problem(inputs, outputs, torch.float16, split)
+        fused.prologue(q)
+        fused.dh_swiglu(q, tiles["dh_swiglu"][0])
+        return q
+
+    best = sweep_stages(fused, tiles, tokens, problem, stages, record)
+    time_references(fused, problem(1), record)
+    time_plans(fused, tokens, [*inputs.values(), *outputs.values()], best, record)
+
+
+def print_summary(rows: list[dict], tokens_swept: list[int]) -> None:
+    print(f"{'T':>5} {'stage':<10} {'best tile':<95} {'split':>5} {'us':>8} {'cuBLAS':>8}")
+    for tokens in tokens_swept:
+        here = [r for r in rows if r["T"] == tokens]
+        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w13", "dx", "finalise"):
+            timed = [r for r in here if r["stage"] == stage and "us" in r and r["tile"] != "cuBLAS"]
+            if not timed:
+                continue
+            top = min(timed, key=lambda r: r["us"])
+            ref = next((r["us"] for r in here if r["stage"] == stage and r["tile"] == "cuBLAS"), float("nan"))
+            print(f"{tokens:>5} {stage:<10} {top['tile']:<95} {top['split']:>5} {top['us']:>8.1f} {ref:>8.1f}")
+        for r in here:
+            if r["stage"] == "whole":
+                print(f"{tokens:>5} {'whole':<10} {r['tile']:<95} {'':>5} {r.get('us', float('nan')):>8.1f}  {r['plan']}")
+    failures = [r for r in rows if "error" in r]
+    print(f"{len(failures)} candidates failed:")
+    for r in failures:
+        print(f"  T={r['T']} {r['stage']} split={r['split']} {r['tile']}: {r['error'][:160]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="sweep.jsonl")
     parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
-    parser.add_argument("--stages", nargs="*", default=None, help="only these stages (default: all)")
+    parser.add_argument("--stages", nargs="*", default=None, help="only these stages (default: all; 'none': plans only)")
     args = parser.parse_args()
 
     run = get_solution("triton_fused").load_entry_point()
     fused = sys.modules[run.__module__]
     tiles = candidates(fused.Tile)
-    stage_fns = {"dh_swiglu": fused.dh_swiglu, "grad_w2": fused.grad_w2, "grad_w13": fused.grad_w13, "dx": fused.dx}
-    stage_tiles = {"dh_swiglu": tiles["dh_swiglu"], "grad_w2": tiles["grad_w"], "grad_w13": tiles["grad_w"], "dx": tiles["dx"]}
     rows: list[dict] = []
     out = Path(args.out)
     out.write_text("")
@@ -100,90 +206,10 @@ def main() -> None:
         with out.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
 
-    def bench(fn: Callable[[], None]) -> float:
-        config = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
-        return time_solution(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
-
     for tokens in args.tokens:
-        dims = Dims(BATCH, tokens)
-        inputs = generate_inputs(dims, 0, "cuda")
-        outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
-        best: dict[str, tuple[float, object, int]] = {}
-
-        def prepared(split: int):
-            q = fused.Problem(inputs, outputs, torch.float16, split)
-            fused.prologue(q)
-            fused.dh_swiglu(q, tiles["dh_swiglu"][0])
-            return q
-
-        base = prepared(1)
-        errors = stage_errors(base)
-        for stage in [s for s in stage_fns if args.stages is None or s in args.stages]:
-            for split in dx_splits(tokens) if stage == "dx" else (1,):
-                p = prepared(split)
-                for tile in stage_tiles[stage]:
-                    row = {"T": tokens, "stage": stage, "split": split, "tile": str(tile)}
-                    started = time.perf_counter()
-                    try:
-                        stage_fns[stage](p, tile)
-                        torch.cuda.synchronize()
-                        row["first_call_s"] = time.perf_counter() - started
-                        row["relative_error"] = errors[stage](p)
-                        if row["relative_error"] > MAX_RELATIVE_ERROR:
-                            row["error"] = "wrong result"
-                        else:
-                            row["us"] = bench(lambda: stage_fns[stage](p, tile))
-                            if stage not in best or row["us"] < best[stage][0]:
-                                best[stage] = (row["us"], tile, split)
-                    except Exception as exc:  # a tile that does not fit (shared memory) is a data point, not a crash
-                        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                    record(row)
-                    if stage == "dh_swiglu":  # later stages read dd: restore it
-                        fused.dh_swiglu(p, tiles["dh_swiglu"][0])
-        p = base
-        for stage, launch in (("prologue", fused.prologue), ("finalise", fused.finalise)):
-            record({"T": tokens, "stage": stage, "split": p.dx_split, "tile": "-", "us": bench(lambda: launch(p))})
-        g, ge, d16, x16, dbf, F = p.g, p.ge, p.dd, p.x_precise, p.dd_low, p.ffn
-        cublas = {
-            "dh_swiglu": lambda: torch.mm(g, inputs["w2_weight"]),
-            "grad_w2": lambda: torch.mm(ge.t(), inputs["gated_output"]),
-            "grad_w13": lambda: (torch.mm(d16[:, :F].t(), x16), torch.mm(d16[:, F:].t(), x16)),
-            "dx": lambda: torch.addmm(torch.mm(dbf[:, :F], inputs["w1_weight"]), dbf[:, F:], inputs["w3_weight"]),
-        }
-        for stage, fn in cublas.items():
-            record({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": bench(fn)})
-
-        bucket = fused.plan_for(tokens)
-        plans = {"bucket plan": bucket, "bucket plan, dx beside grad_w13": dataclasses.replace(bucket, overlap_dx=True)}
-        if len(best) == 4:
-            swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
-            plans["best per stage"] = swept
-            plans["best per stage, one stream"] = dataclasses.replace(swept, overlap_grad_w2=False)
-        for name, plan in plans.items():
-            whole = lambda: fused.backward(*inputs.values(), *outputs.values(), plan=plan)  # noqa: E731
-            try:
-                record({"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan), "us": bench(whole)})
-            except Exception as exc:
-                record({"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan), "error": str(exc)[:300]})
-        del inputs, outputs, base, p
+        sweep_tokens(fused, tiles, tokens, args.stages, record)
         torch.cuda.empty_cache()
-
-    print(f"{'T':>5} {'stage':<10} {'best tile':<95} {'split':>5} {'us':>8} {'cuBLAS':>8}")
-    for tokens in args.tokens:
-        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w13", "dx", "finalise"):
-            timed = [r for r in rows if r["T"] == tokens and r["stage"] == stage and "us" in r and r["tile"] != "cuBLAS"]
-            if not timed:
-                continue
-            top = min(timed, key=lambda r: r["us"])
-            ref = next((r["us"] for r in rows if r["T"] == tokens and r["stage"] == stage and r["tile"] == "cuBLAS"), float("nan"))
-            print(f"{tokens:>5} {stage:<10} {top['tile']:<95} {top['split']:>5} {top['us']:>8.1f} {ref:>8.1f}")
-        for r in rows:
-            if r["T"] == tokens and r["stage"] == "whole":
-                print(f"{tokens:>5} {'whole':<10} {r['tile']:<95} {'':>5} {r.get('us', float('nan')):>8.1f}  {r['plan']}")
-    failures = [r for r in rows if "error" in r]
-    print(f"{len(failures)} candidates failed:")
-    for r in failures:
-        print(f"  T={r['T']} {r['stage']} split={r['split']} {r['tile']}: {r['error'][:160]}")
+    print_summary(rows, args.tokens)
 
 
 if __name__ == "__main__":

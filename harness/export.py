@@ -78,7 +78,7 @@ def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
     changed = [
         path for path in sorted(set(sources) | set(expected))
         if hashlib.sha256(sources.get(path, "").encode()).hexdigest() != expected.get(path)
-    ]  # fmt: skip
+    ]
     if changed:
         raise ExportError(
             f"the sources of '{solution.name}' differ from those its result measured ({', '.join(changed)}): "
@@ -167,7 +167,7 @@ def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Pat
                 latency_us=LatencyStats(
                     mean=t.mean_us, median=t.median_us, std=t.std_us, min=t.min_us, max=t.max_us, n=t.n,
                     ci95_low=t.ci95_low_us, ci95_high=t.ci95_high_us,
-                ) if t else None,  # fmt: skip
+                ) if t else None,
                 percent_of_sol=w.percent_of_sol,
                 percent_of_sol_measured=w.percent_of_sol_measured,
                 sol_score=_finite(float(scores.get(w.uuid, math.nan))),
@@ -180,7 +180,7 @@ def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Pat
         problem={
             "name": NAME, "alias": PUBLIC_ALIAS, "model": MODEL,
             "axes": {"hidden_dim": HIDDEN_DIM, "ffn_dim": FFN_DIM, "batch_seq_len": "var", "num_tokens": "var"},
-        },  # fmt: skip
+        },
         hardware={"device": prov.device_name, "sm_count": prov.sm_count, "peaks": result.peaks_source, "measured_ceilings": result.calibration_source},
         protocol={
             "harness": f"moe-bench {__version__}",
@@ -215,7 +215,7 @@ def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Pat
             "gpu": prov.device_name, "clocks_before": prov.clocks_before.model_dump(), "clocks_after": prov.clocks_after.model_dump(),
             "driver": prov.driver, "cuda": prov.cuda, "torch": prov.torch, "triton": prov.triton, "python": prov.python,
             "timestamp": prov.timestamp,
-        },  # fmt: skip
+        },
     )
 
 
@@ -231,7 +231,7 @@ def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> Tr
         Correctness(
             max_relative_error=max_rel, max_absolute_error=max_abs,
             has_nan=any(o.has_nan for o in outputs), has_inf=any(o.has_inf for o in outputs),
-        )  # fmt: skip
+        )
         if status in ("PASSED", "INCORRECT_NUMERICAL") and max_abs is not None
         else None
     )
@@ -249,7 +249,7 @@ def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> Tr
         evaluation=Evaluation(
             status=status, log=w.message, correctness=correctness, performance=performance,
             environment=Environment(hardware=prov.device_name, libs=libs), timestamp=prov.timestamp,
-        ),  # fmt: skip
+        ),
     )
 
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from harness.results import BenchResult, WorkloadResult
 from harness import provenance
 from harness.registry import get_solution
+from harness.results import BenchResult, WorkloadResult
 from harness.runner import BASELINE_SOLUTION, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
 from harness.workloads import Suite, Workload

@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on CI machines or the GPU machine
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from harness.status import Status  # noqa: E402
+from harness.status import Status
 
 
 def _save(fig, ax, path: Path, title: str) -> Path:

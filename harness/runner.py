@@ -203,7 +203,7 @@ def check_call(
             produced, still_running, late_ms, own_ms, patched = call_once()
             if late(late_ms, own_ms):
                 late_work.confirm()
-    except Exception as exc:  # a solution's failure of any kind is a result, not a crash of the harness
+    except Exception as exc:  # noqa: BLE001 - a solution's failure of any kind is a result, not a crash of the harness
         guards.patched_functions(watched)
         guards.restore_numeric_settings(settings)
         return verdict(Status.RUNTIME_ERROR, _describe_exception(exc))
@@ -408,7 +408,7 @@ class Bench:
             return None, (Status.SKIPPED, f"solution '{self.solution.name}' runs on {where} only; this run is on {self.device.type}")
         try:
             return SolutionCaller(self.solution, self.solution.load_entry_point()), None
-        except Exception as exc:  # an import or syntax error in the solution is reported per workload
+        except Exception as exc:  # noqa: BLE001 - an import or syntax error in the solution is reported per workload
             return None, (Status.COMPILE_ERROR, _describe_exception(exc))
 
     def _base(self, workload: Workload, index: int, status: Status, message: str) -> WorkloadResult:
@@ -480,7 +480,7 @@ class Bench:
 
         try:
             timing = time_solution(timed_call, prepare, len(pool), self.device, self.options.timing)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failure while timing is the solution's result
             result.status, result.message = Status.RUNTIME_ERROR, "during timing: " + _describe_exception(exc)
             return
         result.timing = timing

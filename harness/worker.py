@@ -38,7 +38,7 @@ def main(command_fd: int, result_fd: int) -> int:
         solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
         bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
         bench.start()
-    except Exception as exc:  # reported to the parent, which marks the workloads
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which marks the workloads
         send({"error": f"{type(exc).__name__}: {exc}"})
         return 1
     send({"ready": True})

@@ -1,9 +1,8 @@
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
-
-import os
 
 import pytest
 import torch

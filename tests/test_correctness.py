@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import runner
 from harness.correctness import check_output
 from harness.problem import OUTPUTS
 from harness.registry import get_solution
-from harness import runner
 from harness.runner import Bench, BenchOptions, LateWorkWatch, check_call
 from harness.status import Status
 from harness.timing import TimingConfig
@@ -43,9 +43,11 @@ SABOTAGE = {
     "one_nan": ("    grad_w3_weight[0, 0] = float('nan')", Status.INCORRECT_NUMERICAL),
     "one_inf": ("    grad_routing_weights[token_indices[0]] = float('inf')", Status.INCORRECT_NUMERICAL),
     "unwritten_rows": (
-        "    mask = torch.ones(grad_output.shape[0], dtype=torch.bool)\n"
-        "    mask[token_indices] = False\n"
-        "    grad_hidden_states[mask] = float('nan')",
+        (
+            "    mask = torch.ones(grad_output.shape[0], dtype=torch.bool)\n"
+            "    mask[token_indices] = False\n"
+            "    grad_hidden_states[mask] = float('nan')"
+        ),
         Status.INCORRECT_NUMERICAL,
     ),
     "mutated_input": ("    w2_weight[0, 0] += 1", Status.REWARD_HACK),

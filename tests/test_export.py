@@ -15,10 +15,10 @@ from harness.registry import get_solution
 from harness.results import RESULTS_DIR, load_result
 from harness.solexecbench import (
     Definition,
-    definition,
     FormatError,
     SolutionOut,
     TraceLine,
+    definition,
     import_workloads,
     read_workload_lines,
     suite_yaml,
@@ -105,7 +105,7 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
     assert sorted(p.name for p in written) == ["definition.json", "solution.json", "traces.jsonl", "workload.jsonl"]
     assert (tmp_path / "workload.jsonl").read_text() == PUBLIC_FILE.read_text()
     definition = Definition.model_validate_json((tmp_path / "definition.json").read_text())
-    assert definition.axes["hidden_dim"].value == 4096 and list(definition.inputs)[0] == "grad_output"
+    assert definition.axes["hidden_dim"].value == 4096 and next(iter(definition.inputs)) == "grad_output"
     solution = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
     assert solution.spec.destination_passing_style and solution.spec.entry_point == "solution.py::run"
     traces = [TraceLine.model_validate_json(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]

@@ -17,7 +17,6 @@ from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs, reference_backward_fp32
-
 from tests.conftest import INTERPRETED
 
 pytest.importorskip("triton")
