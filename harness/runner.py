@@ -115,13 +115,13 @@ LATE_WORK_MIN_MS = 0.5
 # sighting may have been the only one the trials could see (a first call's host time masks late work, and
 # a solution may leave work behind on alternate calls only; seen on the H200 with 3 trials).
 LATE_WORK_RECHECKS = 2
-# Verdicts on the process's state rather than on one call: the harness repairs the state, but the
-# solution stays marked for the rest of the run (it may have changed the state at import time).
 # Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
 # they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
 # set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
 # on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong.
 GROSS_MISMATCH_RATIO = 0.9
+# Verdicts on the process's state rather than on one call: the harness repairs the state, but the
+# solution stays marked for the rest of the run (it may have changed the state at import time).
 PATCHED_FUNCTIONS = "replaced timing, synchronisation or harness functions"
 CHANGED_SETTINGS = "changed process-wide settings"
 
