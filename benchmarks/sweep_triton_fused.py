@@ -59,7 +59,7 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def stage_errors(p) -> dict[str, Callable[[object], float]]:
     """For each stage, a function of a Problem giving the relative error of that stage's output there,
-    against float32 torch math on the same inputs and intermediates (p: a Problem after prologue and dh;
+    against float32 torch math on the same inputs and intermediates (p: a Problem after the gather, routing_x16 and dh;
     every Problem of one T holds the same intermediates, the kernels being deterministic)."""
     i, o, F = p.inputs, p.outputs, p.ffn
     dh = (p.g.float() @ i["w2_weight"].float()) * i["selected_weights"].float()[:, None]
@@ -118,9 +118,10 @@ def sweep_stages(fused, tiles: dict[str, list], tokens: int, problem: Callable[[
 
 
 def time_references(fused, p, record) -> None:
-    """The prologue and finalise kernels, and cuBLAS doing each GEMM stage's product (no epilogue work)."""
+    """The per-row kernels, and cuBLAS doing each GEMM stage's product (no epilogue work)."""
     tokens, i, F = p.tokens, p.inputs, p.ffn
-    for stage, launch in (("prologue", fused.prologue), ("finalise", fused.finalise)):
+    for stage in ("gather", "routing_x16", "zero_unselected", "scatter"):
+        launch = getattr(fused, stage)
         record({"T": tokens, "stage": stage, "split": p.dx_split, "tile": "-", "us": gpu_time_us(functools.partial(launch, p))})
     cublas = {
         "dh_swiglu": lambda: torch.mm(p.g, i["w2_weight"]),
@@ -133,10 +134,10 @@ def time_references(fused, p, record) -> None:
 
 
 def time_plans(fused, tokens: int, arguments: list[torch.Tensor], best: dict, record) -> None:
-    """The whole backward with the bucket's plan, with and without dx on the side stream, and with the best
-    tile per stage (all four stages swept), with and without the side stream."""
+    """The whole backward with the bucket's plan, with and without the side stream, and with the best tile per
+    stage (all four stages swept), with and without the side stream."""
     bucket = fused.plan_for(tokens)
-    plans = {"bucket plan": bucket, "bucket plan, dx beside grad_w13": dataclasses.replace(bucket, overlap_dx=True)}
+    plans = {"bucket plan": bucket, "bucket plan, one stream": dataclasses.replace(bucket, overlap_grad_w2=False, overlap_dx=False)}
     if len(best) == 4:
         swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
         plans["best per stage"] = swept
@@ -156,9 +157,10 @@ def sweep_tokens(fused, tiles: dict[str, list], tokens: int, stages, record) -> 
     outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
 
     def problem(split: int):
-        """The intermediates after the prologue and dh, with dx's partials for this split-K factor."""
+        """The intermediates after the gather, routing_x16 and dh, with dx's partials for this split-K factor."""
         q = fused.Problem(inputs, outputs, torch.float16, split)
-        fused.prologue(q)
+        fused.gather(q)
+        fused.routing_x16(q)
         fused.dh_swiglu(q, tiles["dh_swiglu"][0])
         return q
 
@@ -171,7 +173,7 @@ def print_summary(rows: list[dict], tokens_swept: list[int]) -> None:
     print(f"{'T':>5} {'stage':<10} {'best tile':<95} {'split':>5} {'us':>8} {'cuBLAS':>8}")
     for tokens in tokens_swept:
         here = [r for r in rows if r["T"] == tokens]
-        for stage in ("prologue", "dh_swiglu", "grad_w2", "grad_w13", "dx", "finalise"):
+        for stage in ("gather", "routing_x16", "zero_unselected", "dh_swiglu", "grad_w2", "grad_w13", "dx", "scatter"):
             timed = [r for r in here if r["stage"] == stage and "us" in r and r["tile"] != "cuBLAS"]
             if not timed:
                 continue

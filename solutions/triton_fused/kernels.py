@@ -1,15 +1,22 @@
 """Triton kernels of the fused MoE expert SwiGLU backward.
 
-Five kernels, launched in this order (T tokens, H hidden, F ffn; shapes of SPEC section 1):
+Seven kernels (T tokens, H hidden, F ffn, B batch rows; shapes of SPEC section 1). On the caller's stream:
 
-1. `prologue_kernel`      gather g = grad_output[idx], ge = g*w, x16 = fp16(x), and the per-chunk partial sums
-                          of grad_routing_t = sum_h g*e (fp32)
+1. `gather_kernel`        g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2
 2. `dh_swiglu_kernel`     dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
                           once in fp16 (for the weight gradients) and once in bf16 (for dx)
-3. `weight_grad_kernel`   three times: grad_w2 = ge^T @ gated, grad_w1 = d_a^T @ x16, grad_w3 = d_up^T @ x16
-4. `dx_kernel`            twice, into split-K fp32 partials: d_a @ w1 and d_up @ w3 (dx is their sum)
-5. `finalise_kernel`      every row of grad_hidden_states (fixed-order sum of the partials, or zeros) and
-                          every entry of grad_routing_weights
+3. `weight_grad_kernel`   twice: grad_w1 = d_a^T @ x16, grad_w3 = d_up^T @ x16
+4. `scatter_kernel`       the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
+                          their entries of grad_routing_weights
+
+and beside them, on a second stream (the launcher orders the two with events):
+
+5. `zero_unselected_kernel`  the B - T rows of grad_hidden_states and entries of grad_routing_weights that no
+                             token selects, as zeros: memory traffic hidden under dh's tensor-core work
+6. `routing_x16_kernel`   x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
+                          grad_routing_t = sum_h g*e (fp32)
+7. `weight_grad_kernel`   grad_w2 = ge^T @ gated, then `dx_kernel` twice, into split-K fp32 partials:
+                          d_a @ w1 and d_up @ w3 (dx is their sum)
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose
@@ -40,31 +47,49 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["T"])
-def prologue_kernel(
-    grad_output, token_indices, selected_tokens, expert_output, selected_weights,
-    g_out, ge_out, x16_out, routing_partials,
+def gather_kernel(
+    grad_output, token_indices, selected_weights, g_out, ge_out,
     T, H,
     BLOCK_H: tl.constexpr,  # columns per program
 ):  # fmt: skip
-    """Program (t, c) handles columns [c*BLOCK_H, (c+1)*BLOCK_H) of selected token t.
+    """Program (t, c) copies columns [c*BLOCK_H, (c+1)*BLOCK_H) of grad_output[idx[t]] to g and writes
+    ge = g*w[t], rounded to bf16 once (grad_w2's operand; dh multiplies its fp32 accumulator by w instead).
 
     A 2-D grid rather than a loop over H per token: at T = 64 a loop gives 64 programs with dependent
-    steps, too few to stream even these few MB at full speed. Each program writes its share of
-    sum_h g*e to routing_partials[t, c]; finalise_kernel adds the shares in a fixed order.
+    steps, too few to stream even these few MB at full speed. The only kernel ahead of dh: it moves as
+    little as it can (read g, write g and ge).
+    """
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < H
+    row = tl.load(token_indices + t)
+    weight = tl.load(selected_weights + t).to(tl.float32)
+    g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0)
+    tl.store(g_out + t * H + cols, g, mask=mask)
+    tl.store(ge_out + t * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["T"])
+def routing_x16_kernel(
+    grad_output, token_indices, selected_tokens, expert_output, x16_out, routing_partials,
+    T, H,
+    BLOCK_H: tl.constexpr,  # columns per program
+):  # fmt: skip
+    """Program (t, c), columns [c*BLOCK_H, (c+1)*BLOCK_H) of token t: x16 = fp16(x) (exact for these bf16
+    values; the weight gradients' operand) and routing_partials[t, c] = sum over those columns of g*e in fp32,
+    which scatter_kernel adds in a fixed order. Runs on the second stream: only grad_w1/grad_w3 and scatter,
+    late in the backward, need its outputs.
     """
     t = tl.program_id(0)
     chunk = tl.program_id(1)
-    row = tl.load(token_indices + t)
-    weight = tl.load(selected_weights + t).to(tl.float32)
     cols = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < H
-    g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0)
-    e = tl.load(expert_output + t * H + cols, mask=mask, other=0.0)
+    row = tl.load(token_indices + t)
+    g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    e = tl.load(expert_output + t * H + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(selected_tokens + t * H + cols, mask=mask, other=0.0)
-    tl.store(g_out + t * H + cols, g, mask=mask)
-    tl.store(ge_out + t * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
     tl.store(x16_out + t * H + cols, x.to(x16_out.dtype.element_ty), mask=mask)
-    tl.store(routing_partials + t * tl.num_programs(1) + chunk, tl.sum(g.to(tl.float32) * e.to(tl.float32), axis=0))
+    tl.store(routing_partials + t * tl.num_programs(1) + chunk, tl.sum(g * e, axis=0))
 
 
 @triton.jit
@@ -207,7 +232,7 @@ def dx_kernel(
     Launched twice, (a, b) = (d_a, w1) and (d_up, w3), with a the bf16 copy of dd that the dh epilogue writes
     (descriptor blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]): dx = sum of all partials is the K = 2F
     product [d_a | d_up] @ [w1; w3] without concatenating the weights. Split-K fills the GPU when T is small
-    (N / BLOCK_N tiles alone are too few); the partials are fp32 and finalise_kernel adds them in a fixed
+    (N / BLOCK_N tiles alone are too few); the partials are fp32 and scatter_kernel adds them in a fixed
     order, so the result is deterministic. They are stored with plain masked stores: an fp32 tile staged for
     a TMA store would take the shared memory of the pipeline.
     """
@@ -228,17 +253,15 @@ def dx_kernel(
 
 
 @triton.jit(do_not_specialize=["T", "B", "SEARCH_STEPS"])
-def finalise_kernel(
-    token_indices, partials, routing_partials, grad_hidden_states, grad_routing_weights,
+def zero_unselected_kernel(
+    token_indices, grad_hidden_states, grad_routing_weights,
     T, B, H, SEARCH_STEPS,
-    SPLIT_K: tl.constexpr,  # number of dx partials to sum
-    ROUTING_CHUNKS: tl.constexpr,  # number of partial sums per token in routing_partials
     BLOCK_H: tl.constexpr,  # columns per step of the row loop
 ):  # fmt: skip
-    """One program per batch row b: find t with idx[t] == b by binary search (idx is sorted), then write
-    row b of grad_hidden_states (the partials of row t summed in order, or zeros) and grad_routing_weights[b]
-    (the prologue's partial sums of row t, added in order, or zero).
-    Every element of both outputs is written, so no separate zero-fill pass is needed.
+    """One program per batch row b: if no token selects b (binary search of the sorted idx, SEARCH_STEPS =
+    bit length of T), write zeros to row b of grad_hidden_states and to grad_routing_weights[b]; a selected
+    row is scatter_kernel's and is left alone, so the two kernels write disjoint elements and may run in
+    any order.
     """
     b = tl.program_id(0)
     lo = T * 0  # a runtime int32, so the loop-carried type is fixed
@@ -250,18 +273,37 @@ def finalise_kernel(
         new_lo = tl.where(active & (value < b), mid + 1, lo)
         hi = tl.where(active & (value >= b), mid, hi)
         lo = new_lo
-    t = tl.minimum(lo, T - 1)
-    found = tl.load(token_indices + t) == b
+    if tl.load(token_indices + tl.minimum(lo, T - 1)) != b:
+        tl.store(grad_routing_weights + b, tl.full((), 0, grad_routing_weights.dtype.element_ty))
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            tl.store(grad_hidden_states + b * H + cols, tl.zeros([BLOCK_H], dtype=grad_hidden_states.dtype.element_ty), mask=cols < H)
 
-    routing = 0.0
-    for c in tl.static_range(ROUTING_CHUNKS):
-        routing += tl.load(routing_partials + t * ROUTING_CHUNKS + c)
-    tl.store(grad_routing_weights + b, tl.where(found, routing, 0.0).to(grad_routing_weights.dtype.element_ty))
-    read_limit = tl.where(found, H, 0)  # an unselected row reads nothing and writes zeros
-    for h0 in range(0, H, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        mask = cols < H
-        total = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            total += tl.load(partials + (s * T + t) * H + cols, mask=cols < read_limit, other=0.0)
-        tl.store(grad_hidden_states + b * H + cols, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
+
+@triton.jit(do_not_specialize=["T"])
+def scatter_kernel(
+    token_indices, partials, routing_partials, grad_hidden_states, grad_routing_weights,
+    T, H,
+    SPLIT_K: tl.constexpr,  # number of dx partials to sum
+    ROUTING_CHUNKS: tl.constexpr,  # number of partial sums per token in routing_partials
+    BLOCK_H: tl.constexpr,  # columns per program
+):  # fmt: skip
+    """Program (t, c): columns [c*BLOCK_H, (c+1)*BLOCK_H) of row idx[t] of grad_hidden_states, the SPLIT_K
+    fp32 partials of dx row t added in a fixed order (deterministic, no atomics) and rounded to bf16 once;
+    the programs of chunk 0 also write grad_routing_weights[idx[t]] (routing_x16_kernel's partial sums, in
+    order). A 2-D grid, so that even T = 64 streams the partials with enough programs.
+    """
+    t = tl.program_id(0)
+    chunk = tl.program_id(1)
+    row = tl.load(token_indices + t)
+    cols = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < H
+    total = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        total += tl.load(partials + (s * T + t) * H + cols, mask=mask, other=0.0)
+    tl.store(grad_hidden_states + row * H + cols, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
+    if chunk == 0:
+        routing = 0.0
+        for c in tl.static_range(ROUTING_CHUNKS):
+            routing += tl.load(routing_partials + t * ROUTING_CHUNKS + c)
+        tl.store(grad_routing_weights + row, routing.to(grad_routing_weights.dtype.element_ty))

@@ -17,7 +17,15 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .kernels import dh_swiglu_kernel, dx_kernel, finalise_kernel, prologue_kernel, weight_grad_kernel
+from .kernels import (
+    dh_swiglu_kernel,
+    dx_kernel,
+    gather_kernel,
+    routing_x16_kernel,
+    scatter_kernel,
+    weight_grad_kernel,
+    zero_unselected_kernel,
+)
 
 # The destination-passing calling convention of the problem: 12 inputs, then 5 outputs, in this order.
 INPUT_NAMES = (
@@ -26,7 +34,8 @@ INPUT_NAMES = (
 )  # fmt: skip
 OUTPUT_NAMES = ("grad_hidden_states", "grad_routing_weights", "grad_w1_weight", "grad_w2_weight", "grad_w3_weight")
 
-PROLOGUE_BLOCK_H = 512  # columns per prologue program: 8 programs per token at H = 4096
+ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routing_x16, scatter): 8 per token at H = 4096
+ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,7 @@ class Problem:
         self.tokens = self.inputs["token_indices"].numel()
         self.ffn = self.inputs["w1_weight"].shape[0]
         self.device, operand = self.inputs["grad_output"].device, self.inputs["grad_output"].dtype
-        self.routing_chunks = triton.cdiv(hidden, PROLOGUE_BLOCK_H)
+        self.routing_chunks = triton.cdiv(hidden, ROW_BLOCK_H)
         self.g = torch.empty(self.tokens, hidden, device=self.device, dtype=operand)
         self.ge = torch.empty_like(self.g)
         self.x_precise = torch.empty(self.tokens, hidden, device=self.device, dtype=self.precise_dtype)
@@ -122,11 +131,26 @@ class Problem:
         self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=torch.float32)
 
 
-def prologue(p: Problem) -> None:
+def gather(p: Problem) -> None:
     i = p.inputs
-    prologue_kernel[(p.tokens, p.routing_chunks)](
-        i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], i["selected_weights"],
-        p.g, p.ge, p.x_precise, p.routing_partials, p.tokens, p.hidden, BLOCK_H=PROLOGUE_BLOCK_H,
+    gather_kernel[(p.tokens, p.routing_chunks)](
+        i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.tokens, p.hidden, BLOCK_H=ROW_BLOCK_H,
+    )  # fmt: skip
+
+
+def routing_x16(p: Problem) -> None:
+    i = p.inputs
+    routing_x16_kernel[(p.tokens, p.routing_chunks)](
+        i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], p.x_precise, p.routing_partials,
+        p.tokens, p.hidden, BLOCK_H=ROW_BLOCK_H,
+    )  # fmt: skip
+
+
+def zero_unselected(p: Problem) -> None:
+    o = p.outputs
+    zero_unselected_kernel[(p.batch,)](
+        p.inputs["token_indices"], o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.batch, p.hidden,
+        p.tokens.bit_length(), BLOCK_H=min(ZERO_BLOCK_H, triton.next_power_of_2(p.hidden)),
     )  # fmt: skip
 
 
@@ -174,12 +198,11 @@ def dx(p: Problem, t: Tile) -> None:
         )  # fmt: skip
 
 
-def finalise(p: Problem) -> None:
+def scatter(p: Problem) -> None:
     o = p.outputs
-    finalise_kernel[(p.batch,)](
+    scatter_kernel[(p.tokens, p.routing_chunks)](
         p.inputs["token_indices"], p.partials, p.routing_partials, o["grad_hidden_states"], o["grad_routing_weights"],
-        p.tokens, p.batch, p.hidden, p.tokens.bit_length(), SPLIT_K=2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks,
-        BLOCK_H=min(1024, triton.next_power_of_2(p.hidden)),
+        p.tokens, p.hidden, SPLIT_K=2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
 
 
@@ -195,20 +218,37 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if hidden % plan.dh.block_k or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
-    # Two streams where the plan asks: grad_w2 needs only the prologue's ge, dx only dh's output. The caller's
-    # stream waits for the side stream before finalise, so every buffer outlives its use there and the
-    # caller's stream sees all of the work.
+    # Two streams where the plan asks. The side stream first writes what needs nothing computed (the zeros of
+    # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2
+    # once the gather has written ge, then dx once dh has written dd. The caller's stream waits for x16 before
+    # grad_w1/grad_w3 and for all of the side stream before scatter, so every buffer outlives its use there
+    # and the caller's stream sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and (plan.overlap_grad_w2 or plan.overlap_dx) else None
-    prologue(p)
+    with _beside(side, True):
+        zero_unselected(p)
+        routing_x16(p)
+        x16_ready = _recorded_event(side)
+    gather(p)
     with _beside(side, plan.overlap_grad_w2):
         grad_w2(p, plan.grad_w2)
     dh_swiglu(p, plan.dh)
     with _beside(side, plan.overlap_dx):
         dx(p, plan.dx)
+    if x16_ready is not None:
+        torch.cuda.current_stream().wait_event(x16_ready)
     grad_w13(p, plan.grad_w13)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
-    finalise(p)
+    scatter(p)
+
+
+def _recorded_event(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    """An event marking the work issued so far on `stream` (None without a side stream: all work is in order)."""
+    if stream is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
 
 
 @contextlib.contextmanager
@@ -236,7 +276,7 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the five kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the seven kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
-    kernels = (prologue_kernel, dh_swiglu_kernel, weight_grad_kernel, dx_kernel, finalise_kernel)
+    kernels = (gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, weight_grad_kernel, dx_kernel, scatter_kernel)
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
