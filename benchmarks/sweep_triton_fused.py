@@ -38,7 +38,7 @@ MAX_RELATIVE_ERROR = 1e-2
 
 def dx_splits(tokens: int) -> tuple[int, ...]:
     """Split-K factors to try for each of dx's two launches."""
-    return (2, 4) if tokens <= 128 else (1, 2) if tokens <= 512 else (1,)
+    return (2, 4, 8) if tokens <= 128 else (1, 2) if tokens <= 512 else (1,)
 
 
 def candidates(tile: type) -> dict[str, list]:

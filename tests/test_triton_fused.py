@@ -76,9 +76,11 @@ def test_epilogue_on_column_pieces(interpreted, epilogue_split: int, ffn: int) -
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 
 
-def test_persistent_programs_walk_every_tile(interpreted) -> None:
-    """4 programs over 12 dh tiles and 8 tiles of each weight gradient: each program covers several tiles."""
-    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 128), torch.float32, torch.float32, programs_per_sm=1)
+@pytest.mark.parametrize("ffn", [128, 96])
+def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
+    """4 programs over 12 (or 9) dh tiles and the 16 (or 12) tiles of [grad_w1; grad_w3], one launch: each
+    program covers several tiles, and at F = 96 the grad_w3 tiles start mid-round (6 grad_w1 tiles, 4 programs)."""
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, programs_per_sm=1)
     for spec, out, ref in zip(OUTPUTS, outputs, expected):
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 

@@ -5,7 +5,7 @@ Seven kernels (T tokens, H hidden, F ffn, B batch rows; shapes of SPEC section 1
 1. `gather_kernel`        g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2
 2. `dh_swiglu_kernel`     dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
                           once in fp16 (for the weight gradients) and once in bf16 (for dx)
-3. `weight_grad_kernel`   twice: grad_w1 = d_a^T @ x16, grad_w3 = d_up^T @ x16
+3. `weight_grad_kernel`   [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows
 4. `scatter_kernel`       the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
                           their entries of grad_routing_weights
 
@@ -186,10 +186,28 @@ def dh_swiglu_kernel(
         # fmt: on
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit
+def _weight_grad_tile(
+    a, b, c, a_col, c_row, off_n, T,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+):  # fmt: skip
+    """One (BLOCK_M, BLOCK_N) tile: A's columns [a_col, a_col + BLOCK_M) against B's [off_n, off_n + BLOCK_N),
+    stored at c[c_row, off_n]."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, T, BLOCK_K):
+        acc = tl.dot(a.load([k, a_col]).T, b.load([k, off_n]), acc)
+    if EPILOGUE_SPLIT == 1:
+        c.store([c_row, off_n], acc.to(c.dtype))
+    else:
+        left, right = _halves(acc, BLOCK_M, BLOCK_N)
+        c.store([c_row, off_n], left.to(c.dtype))
+        c.store([c_row, off_n + BLOCK_N // 2], right.to(c.dtype))
+
+
+@triton.jit(do_not_specialize=["T", "HIGH_FROM"])
 def weight_grad_kernel(
-    a, b, c,
-    T, M, N,
+    a, b, c, c_high,
+    T, M, N, HIGH_FROM,
     BLOCK_M: tl.constexpr,  # output rows per tile
     BLOCK_N: tl.constexpr,  # output columns per tile
     BLOCK_K: tl.constexpr,  # tokens per step (the reduction runs over the T tokens)
@@ -198,25 +216,29 @@ def weight_grad_kernel(
 ):  # fmt: skip
     """C = A^T @ B with A (T x M), B (T x N): a weight gradient, reduction over the tokens.
 
-    Descriptor blocks: a [BLOCK_K, BLOCK_M], b [BLOCK_K, BLOCK_N], c [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT].
+    Descriptor blocks: a [BLOCK_K, BLOCK_M], b [BLOCK_K, BLOCK_N], c and c_high [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT].
+    C is stored in two parts: rows [0, HIGH_FROM) through c, rows [HIGH_FROM, M) through c_high (HIGH_FROM a
+    multiple of BLOCK_M). So grad_w1 and grad_w3 are one launch, M = 2F rows over A = dd = [d_a | d_up] with
+    HIGH_FROM = F, and the last wave of tiles is shared by both; grad_w2 passes HIGH_FROM = M. The two parts
+    are two loops over one round-robin numbering of the tiles (program p takes the tiles p, p + programs, ...):
+    a store whose descriptor depends on the tile, inside one pipelined loop, does not compile in Triton 3.6.
     K = T is short (one to eight steps below T = 512), so the kernel is bound by storing C; the A and B
     tiles it re-reads stay in L2. Tiles are numbered column-tile fastest. Storing in halves halves the
     shared memory the TMA store stages through, which leaves room for one more pipeline stage.
     """
     num_n = tl.cdiv(N, BLOCK_N)
+    low_tiles = (HIGH_FROM // BLOCK_M) * num_n
     num_tiles = tl.cdiv(M, BLOCK_M) * num_n
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    for tile in tl.range(pid, low_tiles, programs, flatten=FLATTEN):
         off_m = (tile // num_n) * BLOCK_M
-        off_n = (tile % num_n) * BLOCK_N
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in range(0, T, BLOCK_K):
-            acc = tl.dot(a.load([k, off_m]).T, b.load([k, off_n]), acc)
-        if EPILOGUE_SPLIT == 1:
-            c.store([off_m, off_n], acc.to(c.dtype))
-        else:
-            left, right = _halves(acc, BLOCK_M, BLOCK_N)
-            c.store([off_m, off_n], left.to(c.dtype))
-            c.store([off_m, off_n + BLOCK_N // 2], right.to(c.dtype))
+        _weight_grad_tile(a, b, c, off_m, off_m, (tile % num_n) * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE_SPLIT)
+    first_high = low_tiles + (pid - low_tiles % programs + programs) % programs
+    for tile in tl.range(first_high, num_tiles, programs, flatten=FLATTEN):
+        off_m = (tile // num_n) * BLOCK_M
+        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, (tile % num_n) * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K,
+                          EPILOGUE_SPLIT)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T"])

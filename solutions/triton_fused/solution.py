@@ -130,6 +130,10 @@ class Problem:
         self.dd_low = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=operand)
         self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=torch.float32)
 
+    def halves(self, dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The d_a and d_up column halves of a (T, 2F) buffer (dd or dd_low)."""
+        return dd[:, : self.ffn], dd[:, self.ffn :]
+
 
 def gather(p: Problem) -> None:
     i = p.inputs
@@ -157,7 +161,7 @@ def zero_unselected(p: Problem) -> None:
 def dh_swiglu(p: Problem, t: Tile) -> None:
     i = p.inputs
     block = [t.block_m, t.block_n // t.epilogue_split]
-    outputs = [_descriptor(dd[:, half * p.ffn : (half + 1) * p.ffn], block) for dd in (p.dd, p.dd_low) for half in (0, 1)]
+    outputs = [_descriptor(half, block) for dd in (p.dd, p.dd_low) for half in p.halves(dd)]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
     dh_swiglu_kernel[_grid(tiles, t, p.device)](
         _descriptor(p.g, [t.block_m, t.block_k]), _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
@@ -167,12 +171,14 @@ def dh_swiglu(p: Problem, t: Tile) -> None:
     )  # fmt: skip
 
 
-def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-    """c = a^T @ b, with a (T x M), b (T x N), c (M x N)."""
-    (m, n) = c.shape
+def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:
+    """[c; c_high] = a^T @ b, with a (T x M), b (T x N), c and c_high (rows x N) stacked into M rows."""
+    m, n = a.shape[1], b.shape[1]
+    store = [t.block_m, t.block_n // t.epilogue_split]
+    high_from = c.shape[0] if c_high is not None else triton.cdiv(m, t.block_m) * t.block_m  # a whole number of tiles
     weight_grad_kernel[_grid(triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), t, p.device)](
         _descriptor(a, [t.block_k, t.block_m]), _descriptor(b, [t.block_k, t.block_n]),
-        _descriptor(c, [t.block_m, t.block_n // t.epilogue_split]), p.tokens, m, n,
+        _descriptor(c, store), _descriptor(c if c_high is None else c_high, store), p.tokens, m, n, high_from,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
@@ -183,14 +189,20 @@ def grad_w2(p: Problem, t: Tile) -> None:
 
 
 def grad_w13(p: Problem, t: Tile) -> None:
-    _weight_grad(p, t, p.dd[:, : p.ffn], p.x_precise, p.outputs["grad_w1_weight"])
-    _weight_grad(p, t, p.dd[:, p.ffn :], p.x_precise, p.outputs["grad_w3_weight"])
+    """One launch over the 2F rows of [grad_w1; grad_w3] when F is a multiple of the tile's rows (no tile then
+    straddles the two outputs), else one launch per weight."""
+    w1, w3 = p.outputs["grad_w1_weight"], p.outputs["grad_w3_weight"]
+    if p.ffn % t.block_m == 0:
+        _weight_grad(p, t, p.dd, p.x_precise, w1, w3)
+    else:
+        d_a, d_up = p.halves(p.dd)
+        _weight_grad(p, t, d_a, p.x_precise, w1)
+        _weight_grad(p, t, d_up, p.x_precise, w3)
 
 
 def dx(p: Problem, t: Tile) -> None:
     grid = (triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)
-    for half, weight in enumerate(("w1_weight", "w3_weight")):
-        dd_half = p.dd_low[:, half * p.ffn : (half + 1) * p.ffn]
+    for half, (dd_half, weight) in enumerate(zip(p.halves(p.dd_low), ("w1_weight", "w3_weight"))):
         dx_kernel[grid](
             _descriptor(dd_half, [t.block_m, t.block_k]), _descriptor(p.inputs[weight], [t.block_k, t.block_n]),
             p.partials, p.tokens, p.hidden, p.ffn // p.dx_split, half * p.dx_split,
