@@ -133,15 +133,20 @@ def time_references(fused, p, record) -> None:
         record({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": gpu_time_us(fn)})
 
 
+def one_stream(plan):
+    """The plan with every stage on the caller's stream."""
+    return dataclasses.replace(plan, overlap_grad_w2=False, overlap_dx=False)
+
+
 def time_plans(fused, tokens: int, arguments: list[torch.Tensor], best: dict, record) -> None:
     """The whole backward with the bucket's plan, with and without the side stream, and with the best tile per
     stage (all four stages swept), with and without the side stream."""
     bucket = fused.plan_for(tokens)
-    plans = {"bucket plan": bucket, "bucket plan, one stream": dataclasses.replace(bucket, overlap_grad_w2=False, overlap_dx=False)}
+    plans = {"bucket plan": bucket, "bucket plan, one stream": one_stream(bucket)}
     if len(best) == 4:
         swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
         plans["best per stage"] = swept
-        plans["best per stage, one stream"] = dataclasses.replace(swept, overlap_grad_w2=False, overlap_dx=False)
+        plans["best per stage, one stream"] = one_stream(swept)
     for name, plan in plans.items():
         row = {"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan)}
         try:
