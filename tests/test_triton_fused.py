@@ -51,10 +51,11 @@ CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T
 
 
 def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2, epilogue_split: int = 1,
-                    programs_per_sm: int = 0):
+                    programs_per_sm: int = 0, plan=None):
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=dims.num_tokens).items()}
     outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
-    module.backward(*inputs.values(), *outputs, plan=small_plan(module, dx_split, epilogue_split, programs_per_sm), precise_dtype=precise)
+    plan = plan or small_plan(module, dx_split, epilogue_split, programs_per_sm)
+    module.backward(*inputs.values(), *outputs, plan=plan, precise_dtype=precise)
     expected = reference_backward_fp32(*inputs.values())
     return outputs, expected
 
@@ -83,6 +84,26 @@ def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, programs_per_sm=1)
     for spec, out, ref in zip(OUTPUTS, outputs, expected):
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
+@pytest.mark.parametrize("group_m", [1, 2, 4])
+def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
+    """Grouped tile orders of the persistent weight gradients (F = 128, 32-row tiles: 8 rows of tiles for
+    [grad_w1; grad_w3], 4 of them grad_w1's; 2 for grad_w2): every order covers every tile once."""
+    plan = small_plan(interpreted, programs_per_sm=1)
+    plan = dataclasses.replace(plan, grad_w2=dataclasses.replace(plan.grad_w2, group_m=0),
+                               grad_w13=dataclasses.replace(plan.grad_w13, group_m=group_m))  # fmt: skip
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 128), torch.float32, torch.float32, plan=plan)
+    for spec, out, ref in zip(OUTPUTS, outputs, expected):
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
+def test_tile_group_must_not_straddle_the_two_weights(interpreted) -> None:
+    """With F = 96 grad_w1 has 3 rows of 32-row tiles: groups of 2 would mix grad_w1 and grad_w3 rows."""
+    plan = small_plan(interpreted, programs_per_sm=1)
+    plan = dataclasses.replace(plan, grad_w13=dataclasses.replace(plan.grad_w13, group_m=2))
+    with pytest.raises(ValueError, match="group_m 2 must divide the 3 rows"):
+        run_interpreted(interpreted, Dims(50, 33, 64, 96), torch.float32, torch.float32, plan=plan)
 
 
 def test_unselected_rows_are_written_as_zeros(interpreted) -> None:

@@ -204,10 +204,22 @@ def _weight_grad_tile(
         c.store([c_row, off_n + BLOCK_N // 2], right.to(c.dtype))
 
 
-@triton.jit(do_not_specialize=["T", "HIGH_FROM"])
+@triton.jit
+def _grouped_tile(tile, num_m, num_n, GROUP_M):
+    """Tile number -> (row tile, column tile). Tiles go in groups of GROUP_M rows of tiles; within a group the
+    row tile changes fastest. GROUP_M = 1 walks C row by row (column tile fastest), GROUP_M = num_m column by
+    column."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_here = tl.minimum(num_m - first_m, GROUP_M)
+    in_group = tile % per_group
+    return first_m + in_group % rows_here, in_group // rows_here
+
+
+@triton.jit(do_not_specialize=["T", "HIGH_FROM", "GROUP_M"])
 def weight_grad_kernel(
     a, b, c, c_high,
-    T, M, N, HIGH_FROM,
+    T, M, N, HIGH_FROM, GROUP_M,
     BLOCK_M: tl.constexpr,  # output rows per tile
     BLOCK_N: tl.constexpr,  # output columns per tile
     BLOCK_K: tl.constexpr,  # tokens per step (the reduction runs over the T tokens)
@@ -222,22 +234,26 @@ def weight_grad_kernel(
     HIGH_FROM = F, and the last wave of tiles is shared by both; grad_w2 passes HIGH_FROM = M. The two parts
     are two loops over one round-robin numbering of the tiles (program p takes the tiles p, p + programs, ...):
     a store whose descriptor depends on the tile, inside one pipelined loop, does not compile in Triton 3.6.
-    K = T is short (one to eight steps below T = 512), so the kernel is bound by storing C; the A and B
-    tiles it re-reads stay in L2. Tiles are numbered column-tile fastest. Storing in halves halves the
-    shared memory the TMA store stages through, which leaves room for one more pipeline stage.
+    K = T is short (one to eight steps below T = 512), so the kernel is bound by storing C. The tile order
+    is `_grouped_tile`'s with GROUP_M row tiles per group (HIGH_FROM / BLOCK_M a multiple of GROUP_M, so the
+    low tiles come first): the launcher picks it so that the operand a wave of tiles re-reads stays in L2.
+    Storing in halves halves the shared memory the TMA store stages through, which leaves room for one more
+    pipeline stage.
     """
+    num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     low_tiles = (HIGH_FROM // BLOCK_M) * num_n
-    num_tiles = tl.cdiv(M, BLOCK_M) * num_n
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     for tile in tl.range(pid, low_tiles, programs, flatten=FLATTEN):
-        off_m = (tile // num_n) * BLOCK_M
-        _weight_grad_tile(a, b, c, off_m, off_m, (tile % num_n) * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE_SPLIT)
+        tile_m, tile_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
+        off_m = tile_m * BLOCK_M
+        _weight_grad_tile(a, b, c, off_m, off_m, tile_n * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE_SPLIT)
     first_high = low_tiles + (pid - low_tiles % programs + programs) % programs
-    for tile in tl.range(first_high, num_tiles, programs, flatten=FLATTEN):
-        off_m = (tile // num_n) * BLOCK_M
-        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, (tile % num_n) * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K,
+    for tile in tl.range(first_high, num_m * num_n, programs, flatten=FLATTEN):
+        tile_m, tile_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
+        off_m = tile_m * BLOCK_M
+        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, tile_n * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K,
                           EPILOGUE_SPLIT)  # fmt: skip
 
 

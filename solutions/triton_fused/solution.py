@@ -48,13 +48,14 @@ class Tile:
     epilogue_split: int = 1  # column pieces of the epilogue: 1, 2 or 4 for dh_swiglu, 1 or 2 for weight_grad
     programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
     flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
+    group_m: int = 1  # weight_grad: rows of tiles per group of its tile order (0: all rows, row tile fastest)
 
 
 @dataclass(frozen=True)
 class Plan:
     dh: Tile
     grad_w2: Tile
-    grad_w13: Tile  # grad_w1 and grad_w3, one launch each
+    grad_w13: Tile  # grad_w1 and grad_w3 (one launch of M = 2F rows where F allows, see grad_w13)
     dx: Tile
     dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
     overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu
@@ -67,14 +68,20 @@ class Plan:
 # weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us).
 _WIDE = Tile(128, 256, 64, 8, 3)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
+# Two co-resident programs per SM, each storing in halves (3 stages fit twice in shared memory): one program's
+# stores overlap the other's loads and products (T = 128: 269 -> 256 us with both weight gradients so).
+_WGRAD_PAIR = Tile(128, 128, 64, 4, 3, 2, 2, True)
 _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
+# grad_w2 column by column of tiles: a wave of tiles then shares a few column slabs of gated_output (T x F, 58 MB
+# at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
+_WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_SMALL, _WGRAD_SMALL, Tile(64, 128, 64, 4, 4), 4)),
-    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_SMALL, _WGRAD_WIDE, Tile(128, 128, 64, 4, 4), 2)),
-    (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
-    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE, _WGRAD_WIDE, _WIDE, 1)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
+    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 4), 2)),
+    (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _WIDE, 2)),
+    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _WIDE, 2)),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _WIDE, 1)),
 )
 
 
@@ -175,10 +182,14 @@ def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch
     """[c; c_high] = a^T @ b, with a (T x M), b (T x N), c and c_high (rows x N) stacked into M rows."""
     m, n = a.shape[1], b.shape[1]
     store = [t.block_m, t.block_n // t.epilogue_split]
-    high_from = c.shape[0] if c_high is not None else triton.cdiv(m, t.block_m) * t.block_m  # a whole number of tiles
-    weight_grad_kernel[_grid(triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), t, p.device)](
+    row_tiles = triton.cdiv(m, t.block_m)
+    high_from = c.shape[0] if c_high is not None else row_tiles * t.block_m  # a whole number of tiles
+    group_m = t.group_m or row_tiles
+    if (high_from // t.block_m) % group_m:
+        raise ValueError(f"group_m {group_m} must divide the {high_from // t.block_m} rows of tiles stored through c")
+    weight_grad_kernel[_grid(row_tiles * triton.cdiv(n, t.block_n), t, p.device)](
         _descriptor(a, [t.block_k, t.block_m]), _descriptor(b, [t.block_k, t.block_n]),
-        _descriptor(c, store), _descriptor(c if c_high is None else c_high, store), p.tokens, m, n, high_from,
+        _descriptor(c, store), _descriptor(c if c_high is None else c_high, store), p.tokens, m, n, high_from, group_m,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
