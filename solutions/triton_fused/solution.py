@@ -66,7 +66,7 @@ class Plan:
 # benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). Every bucket uses the side stream: grad_w2
 # fills the SMs that dh leaves idle (56-112 tiles on 132 SMs at T <= 256), and dx, bound by reading the
 # weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us).
-_WIDE = Tile(128, 256, 64, 8, 3)
+_DX_WIDE = Tile(128, 256, 64, 8, 4)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 # Two co-resident programs per SM, each storing in halves (3 stages fit twice in shared memory): one program's
 # stores overlap the other's loads and products (T = 128: 269 -> 256 us with both weight gradients so).
@@ -78,10 +78,10 @@ _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
-    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 4), 2)),
-    (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _WIDE, 2)),
-    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _WIDE, 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _WIDE, 1)),
+    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
+    (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
+    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1)),
 )
 
 
