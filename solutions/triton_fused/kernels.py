@@ -17,7 +17,7 @@ and beside them, on a second stream (the launcher orders the two with events):
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated
-- `dx_kernel`               twice, into split-K fp32 partials: d_a @ w1 and d_up @ w3 (dx is their sum)
+- `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum)
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose
@@ -272,9 +272,11 @@ def dx_kernel(
     Launched twice, (a, b) = (d_a, w1) and (d_up, w3), with a the bf16 copy of dd that the dh epilogue writes
     (descriptor blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]): dx = sum of all partials is the K = 2F
     product [d_a | d_up] @ [w1; w3] without concatenating the weights. Split-K fills the GPU when T is small
-    (N / BLOCK_N tiles alone are too few); the partials are fp32 and scatter_kernel adds them in a fixed
-    order, so the result is deterministic. They are stored with plain masked stores: an fp32 tile staged for
-    a TMA store would take the shared memory of the pipeline.
+    (N / BLOCK_N tiles alone are too few); scatter_kernel adds the partials in fp32 in a fixed order, so the
+    result is deterministic. Each partial is stored rounded to the partials' dtype (bf16 on the GPU, as dx's
+    operands and output are; its fp32 range): half the bytes of fp32 to write here and read back there, for
+    one more rounding of 2^-9 relative to the partial, as large as the rounding of dx itself and far inside
+    the tolerance. Plain masked stores: a tile staged for a TMA store would take the pipeline's shared memory.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -289,7 +291,7 @@ def dx_kernel(
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     out = partials + ((FIRST_PARTIAL + split) * T + rows)[:, None] * N + cols[None, :]
-    tl.store(out, acc, mask=(rows < T)[:, None] & (cols < N)[None, :])
+    tl.store(out, acc.to(partials.dtype.element_ty), mask=(rows < T)[:, None] & (cols < N)[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "B", "SEARCH_STEPS"])
@@ -329,7 +331,7 @@ def scatter_kernel(
     BLOCK_H: tl.constexpr,  # columns per program
 ):  # fmt: skip
     """Program (t, c): columns [c*BLOCK_H, (c+1)*BLOCK_H) of row idx[t] of grad_hidden_states, the SPLIT_K
-    fp32 partials of dx row t added in a fixed order (deterministic, no atomics) and rounded to bf16 once;
+    partials of dx row t added in fp32 in a fixed order (deterministic, no atomics) and rounded to bf16 once;
     the programs of chunk 0 also write grad_routing_weights[idx[t]] (routing_x16_kernel's partial sums, in
     order). A 2-D grid, so that even T = 64 streams the partials with enough programs.
     """
@@ -340,7 +342,7 @@ def scatter_kernel(
     mask = cols < H
     total = tl.zeros([BLOCK_H], dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
-        total += tl.load(partials + (s * T + t) * H + cols, mask=mask, other=0.0)
+        total += tl.load(partials + (s * T + t) * H + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(grad_hidden_states + row * H + cols, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
     if chunk == 0:
         routing = 0.0

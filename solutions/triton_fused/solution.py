@@ -135,7 +135,7 @@ class Problem:
         self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
         self.dd = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
         self.dd_low = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=operand)
-        self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=torch.float32)
+        self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=operand)
 
     def halves(self, dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The d_a and d_up column halves of a (T, 2F) buffer (dd or dd_low)."""
