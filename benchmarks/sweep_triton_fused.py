@@ -61,19 +61,21 @@ def stage_errors(p) -> dict[str, Callable[[object], float]]:
     """For each stage, a function of a Problem giving the relative error of that stage's output there,
     against float32 torch math on the same inputs and intermediates (p: a Problem after the gather, routing_x16 and dh;
     every Problem of one T holds the same intermediates, the kernels being deterministic)."""
-    i, o, F = p.inputs, p.outputs, p.ffn
-    dh = (p.g.float() @ i["w2_weight"].float()) * i["selected_weights"].float()[:, None]
+    i, o, F, T = p.inputs, p.outputs, p.ffn, p.tokens
+    g = p.g[:T].float()
+    dh = (g @ i["w2_weight"].float()) * i["selected_weights"].float()[:, None]
     a = i["w1_output"].float()
     s = torch.sigmoid(a)
     dd_ref = torch.cat([dh * i["up_output"].float() * s * (1 + a * (1 - s)), dh * i["gate_output"].float()], dim=1)
-    grad_w2_ref = p.ge.float().t() @ i["gated_output"].float()
-    x = p.x_precise.float()
-    grad_w1_ref, grad_w3_ref = p.dd[:, :F].float().t() @ x, p.dd[:, F:].float().t() @ x
-    dd = p.dd_low.float()
+    ge = (g * i["selected_weights"].float()[:, None]).to(p.ge.dtype).float()
+    grad_w2_ref = ge.t() @ i["gated_output"].float()
+    x = p.x_precise[:T].float()
+    grad_w1_ref, grad_w3_ref = p.dd[:T, :F].float().t() @ x, p.dd[:T, F:].float().t() @ x
+    dd = p.dd_low[:T].float()
     dx_ref = dd[:, :F] @ i["w1_weight"].float() + dd[:, F:] @ i["w3_weight"].float()
-    del dh, a, s, x, dd
+    del g, ge, dh, a, s, x, dd
     return {
-        "dh_swiglu": lambda q: relative_error(q.dd, dd_ref),
+        "dh_swiglu": lambda q: relative_error(q.dd[:T], dd_ref),
         "grad_w2": lambda q: relative_error(o["grad_w2_weight"], grad_w2_ref),
         "grad_w13": lambda q: max(relative_error(o["grad_w1_weight"], grad_w1_ref), relative_error(o["grad_w3_weight"], grad_w3_ref)),
         "dx": lambda q: relative_error(q.partials.float().sum(0), dx_ref),
@@ -163,7 +165,7 @@ def sweep_tokens(fused, tiles: dict[str, list], tokens: int, stages, record) -> 
 
     def problem(split: int):
         """The intermediates after the gather, routing_x16 and dh, with dx's partials for this split-K factor."""
-        q = fused.Problem(inputs, outputs, torch.float16, split)
+        q = fused.Problem(inputs, outputs, torch.float16, split, tiles["grad_w"][0].block_k)
         fused.gather(q)
         fused.routing_x16(q)
         fused.dh_swiglu(q, tiles["dh_swiglu"][0])

@@ -106,6 +106,27 @@ def test_tile_group_must_not_straddle_the_two_weights(interpreted) -> None:
         run_interpreted(interpreted, Dims(50, 33, 64, 96), torch.float32, torch.float32, plan=plan)
 
 
+def test_gather_pads_g_and_shifts_ge_to_the_last_k_step(interpreted) -> None:
+    """T = 19, K steps of 16: g and x16 get zero rows from 19 to the padded 128; ge keeps rows 0-15 and moves
+    the last step's tokens 16-18 to rows 29-31, behind 13 zero rows, so that grad_w2 can read gated_output's
+    rows 3-18 (in bounds) against ge's rows 16-31."""
+    dims = Dims(37, 19, 32, 64)
+    inputs = {k: (v.float() if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=19).items()}
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
+    p = interpreted.Problem(inputs, outputs, torch.float32, 1, 16)
+    p.g.fill_(float("nan"))
+    p.ge.fill_(float("nan"))
+    p.x_precise.fill_(float("nan"))
+    interpreted.gather(p)
+    interpreted.routing_x16(p)
+    g = inputs["grad_output"][inputs["token_indices"]]
+    ge = g * inputs["selected_weights"][:, None]
+    assert p.rows == 128
+    assert torch.equal(p.g[:19], g) and bool((p.g[19:] == 0).all())
+    assert torch.equal(p.x_precise[:19], inputs["selected_tokens"]) and bool((p.x_precise[19:] == 0).all())
+    assert torch.equal(p.ge[:16], ge[:16]) and bool((p.ge[16:29] == 0).all()) and torch.equal(p.ge[29:32], ge[16:19])
+
+
 def test_unselected_rows_are_written_as_zeros(interpreted) -> None:
     dims = Dims(50, 33, 64, 64)
     outputs, _ = run_interpreted(interpreted, dims, torch.float32, torch.float32)

@@ -47,27 +47,36 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "LAST_STEP", "SHIFT"])
 def gather_kernel(
     grad_output, token_indices, selected_weights, g_out, ge_out,
-    T, H,
+    T, H, LAST_STEP, SHIFT,
     BLOCK_H: tl.constexpr,  # columns per program
 ):  # fmt: skip
-    """Program (t, c) copies columns [c*BLOCK_H, (c+1)*BLOCK_H) of grad_output[idx[t]] to g and writes
-    ge = g*w[t], rounded to bf16 once (grad_w2's operand; dh multiplies its fp32 accumulator by w instead).
+    """Program (r, c) writes columns [c*BLOCK_H, (c+1)*BLOCK_H) of row r of g and of ge, over the rows that the
+    launcher pads T to: g = grad_output[idx] (zero rows from T on) and ge = g*w, rounded to bf16 once (grad_w2's
+    operand; dh multiplies its fp32 accumulator by w instead).
 
-    A 2-D grid rather than a loop over H per token: at T = 64 a loop gives 64 programs with dependent
-    steps, too few to stream even these few MB at full speed. The only kernel ahead of dh: it moves as
-    little as it can (read g, write g and ge).
+    ge's rows from LAST_STEP (the start of grad_w2's last K step) are shifted down by SHIFT (that step's rows
+    past T) behind SHIFT zero rows, so that grad_w2 can load that step's rows of gated_output, an input of T
+    rows, as the in-bounds block ending at row T (see weight_grad_kernel). A 2-D grid rather than a loop over
+    H per token: at T = 64 a loop gives 64 programs with dependent steps, too few to stream even these few MB
+    at full speed. The only kernel ahead of dh: it moves as little as it can (read g, write g and ge).
     """
-    t = tl.program_id(0)
+    r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < H
-    row = tl.load(token_indices + t)
-    weight = tl.load(selected_weights + t).to(tl.float32)
-    g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0)
-    tl.store(g_out + t * H + cols, g, mask=mask)
-    tl.store(ge_out + t * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
+    if r < T:
+        row = tl.load(token_indices + r)
+        weight = tl.load(selected_weights + r).to(tl.float32)
+        g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0)
+        tl.store(g_out + r * H + cols, g, mask=mask)
+        ge_row = tl.where(r >= LAST_STEP, r + SHIFT, r)
+        tl.store(ge_out + ge_row * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
+    else:
+        tl.store(g_out + r * H + cols, tl.zeros([BLOCK_H], dtype=g_out.dtype.element_ty), mask=mask)
+        if r < T + SHIFT:
+            tl.store(ge_out + (LAST_STEP + r - T) * H + cols, tl.zeros([BLOCK_H], dtype=ge_out.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -76,22 +85,26 @@ def routing_x16_kernel(
     T, H,
     BLOCK_H: tl.constexpr,  # columns per program
 ):  # fmt: skip
-    """Program (t, c), columns [c*BLOCK_H, (c+1)*BLOCK_H) of token t: x16 = fp16(x) (exact for these bf16
-    values; the weight gradients' operand) and routing_partials[t, c] = sum over those columns of g*e in fp32,
-    which scatter_kernel adds in a fixed order. Runs on the second stream: only grad_w1/grad_w3 and scatter,
-    late in the backward, need its outputs. It reads the gathered rows of grad_output itself rather than
-    gather's g, so that it need not wait for the caller's stream (at most 16.7 MB more, at T = 2048).
+    """Program (r, c), columns [c*BLOCK_H, (c+1)*BLOCK_H) of row r: for a token (r < T), x16 = fp16(x) (exact
+    for these bf16 values; the weight gradients' operand) and routing_partials[r, c] = sum over those columns
+    of g*e in fp32, which scatter_kernel adds in a fixed order; for a padding row (r >= T), zeros in x16.
+    Runs on the second stream: only grad_w1/grad_w3 and scatter, late in the backward, need its outputs. It
+    reads the gathered rows of grad_output itself rather than gather's g, so that it need not wait for the
+    caller's stream (at most 16.7 MB more, at T = 2048).
     """
-    t = tl.program_id(0)
+    r = tl.program_id(0)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < H
-    row = tl.load(token_indices + t)
-    g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-    e = tl.load(expert_output + t * H + cols, mask=mask, other=0.0).to(tl.float32)
-    x = tl.load(selected_tokens + t * H + cols, mask=mask, other=0.0)
-    tl.store(x16_out + t * H + cols, x.to(x16_out.dtype.element_ty), mask=mask)
-    tl.store(routing_partials + t * tl.num_programs(1) + chunk, tl.sum(g * e, axis=0))
+    if r < T:
+        row = tl.load(token_indices + r)
+        g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        e = tl.load(expert_output + r * H + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(selected_tokens + r * H + cols, mask=mask, other=0.0)
+        tl.store(x16_out + r * H + cols, x.to(x16_out.dtype.element_ty), mask=mask)
+        tl.store(routing_partials + r * tl.num_programs(1) + chunk, tl.sum(g * e, axis=0))
+    else:
+        tl.store(x16_out + r * H + cols, tl.zeros([BLOCK_H], dtype=x16_out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -190,14 +203,14 @@ def dh_swiglu_kernel(
 
 @triton.jit
 def _weight_grad_tile(
-    a, b, c, a_col, c_row, off_n, T,
+    a, b, c, a_col, c_row, off_n, T, B_ROWS,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile: A's columns [a_col, a_col + BLOCK_M) against B's [off_n, off_n + BLOCK_N),
-    stored at c[c_row, off_n]."""
+    stored at c[c_row, off_n]. The K step at A's row k reads B's rows from min(k, B_ROWS - BLOCK_K)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, T, BLOCK_K):
-        acc = tl.dot(a.load([k, a_col]).T, b.load([k, off_n]), acc)
+        acc = tl.dot(a.load([k, a_col]).T, b.load([tl.minimum(k, B_ROWS - BLOCK_K), off_n]), acc)
     if EPILOGUE_SPLIT == 1:
         c.store([c_row, off_n], acc.to(c.dtype))
     else:
@@ -218,10 +231,10 @@ def _grouped_tile(tile, num_m, num_n, GROUP_M):
     return first_m + in_group % rows_here, in_group // rows_here
 
 
-@triton.jit(do_not_specialize=["T", "HIGH_FROM", "GROUP_M"])
+@triton.jit(do_not_specialize=["T", "B_ROWS", "HIGH_FROM", "GROUP_M"])
 def weight_grad_kernel(
     a, b, c, c_high,
-    T, M, N, HIGH_FROM, GROUP_M,
+    T, B_ROWS, M, N, HIGH_FROM, GROUP_M,
     BLOCK_M: tl.constexpr,  # output rows per tile
     BLOCK_N: tl.constexpr,  # output columns per tile
     BLOCK_K: tl.constexpr,  # tokens per step (the reduction runs over the T tokens)
@@ -231,6 +244,12 @@ def weight_grad_kernel(
     """C = A^T @ B with A (T x M), B (T x N): a weight gradient, reduction over the tokens.
 
     Descriptor blocks: a [BLOCK_K, BLOCK_M], b [BLOCK_K, BLOCK_N], c and c_high [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT].
+    No K step reads past the end of its operands: a TMA block that is partly out of bounds costs far more than
+    one in bounds (grad_w2 at T = 196, whose last step of 64 rows has 60 past T: 75.9 us against 60.4 at
+    T = 256; docs/performance.md). A is padded by the launcher (rows past T are zeros, A has at least
+    ceil(T / BLOCK_K) * BLOCK_K rows); B has B_ROWS rows: padded too (B_ROWS >= that, B read at A's rows), or
+    an input of T rows, whose last step is read as the block that ends at row T, against an A whose last
+    block the gather has shifted to match (gather_kernel).
     C is stored in two parts: rows [0, HIGH_FROM) through c, rows [HIGH_FROM, M) through c_high (HIGH_FROM a
     multiple of BLOCK_M). So grad_w1 and grad_w3 are one launch, M = 2F rows over A = dd = [d_a | d_up] with
     HIGH_FROM = F, and the last wave of tiles is shared by both; grad_w2 passes HIGH_FROM = M. The two parts
@@ -250,13 +269,13 @@ def weight_grad_kernel(
     for tile in tl.range(pid, low_tiles, programs, flatten=FLATTEN):
         tile_m, tile_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
         off_m = tile_m * BLOCK_M
-        _weight_grad_tile(a, b, c, off_m, off_m, tile_n * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE_SPLIT)
+        _weight_grad_tile(a, b, c, off_m, off_m, tile_n * BLOCK_N, T, B_ROWS, BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE_SPLIT)
     first_high = low_tiles + (pid - low_tiles % programs + programs) % programs
     for tile in tl.range(first_high, num_m * num_n, programs, flatten=FLATTEN):
         tile_m, tile_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
         off_m = tile_m * BLOCK_M
-        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, tile_n * BLOCK_N, T, BLOCK_M, BLOCK_N, BLOCK_K,
-                          EPILOGUE_SPLIT)  # fmt: skip
+        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, tile_n * BLOCK_N, T, B_ROWS, BLOCK_M, BLOCK_N,
+                          BLOCK_K, EPILOGUE_SPLIT)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -273,7 +292,8 @@ def dx_kernel(
     (descriptor blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]): dx = sum of all partials is the K = 2F
     product [d_a | d_up] @ [w1; w3] without concatenating the weights. Split-K fills the GPU when T is small
     (N / BLOCK_N tiles alone are too few); scatter_kernel adds the partials in fp32 in a fixed order, so the
-    result is deterministic. Each partial is stored rounded to the partials' dtype (bf16 on the GPU, as dx's
+    result is deterministic. Rows of a past T may hold anything (dh writes its padding rows only as far as its
+    own tiles reach): they reach only rows of the partials past T, which are not stored. Each partial is stored rounded to the partials' dtype (bf16 on the GPU, as dx's
     operands and output are; its fp32 range): half the bytes of fp32 to write here and read back there, for
     one more rounding of 2^-9 relative to the partial, as large as the rounding of dx itself and far inside
     the tolerance. Plain masked stores: a tile staged for a TMA store would take the pipeline's shared memory.

@@ -35,6 +35,9 @@ INPUT_NAMES = (
 OUTPUT_NAMES = ("grad_hidden_states", "grad_routing_weights", "grad_w1_weight", "grad_w2_weight", "grad_w3_weight")
 
 ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routing_x16, scatter): 8 per token at H = 4096
+# Rows of the (T, .) intermediates (g, ge, x16, dd) are padded with zeros to a multiple of this: a multiple of every
+# tile's block_m and block_k, so that no GEMM operand block of them reaches past their end (weight_grad_kernel).
+ROW_PAD = 128
 ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
 
 
@@ -121,37 +124,41 @@ class Problem:
     outputs: dict[str, torch.Tensor]
     precise_dtype: torch.dtype
     dx_split: int
+    k_step: int  # grad_w2's block_k: the gather shifts ge's last block of that many rows (gather_kernel)
 
     def __post_init__(self) -> None:
         batch, hidden = self.inputs["grad_output"].shape
         self.batch, self.hidden = batch, hidden
         self.tokens = self.inputs["token_indices"].numel()
+        self.rows = triton.cdiv(self.tokens, ROW_PAD) * ROW_PAD
         self.ffn = self.inputs["w1_weight"].shape[0]
         self.device, operand = self.inputs["grad_output"].device, self.inputs["grad_output"].dtype
         self.routing_chunks = triton.cdiv(hidden, ROW_BLOCK_H)
-        self.g = torch.empty(self.tokens, hidden, device=self.device, dtype=operand)
+        self.g = torch.empty(self.rows, hidden, device=self.device, dtype=operand)
         self.ge = torch.empty_like(self.g)
-        self.x_precise = torch.empty(self.tokens, hidden, device=self.device, dtype=self.precise_dtype)
+        self.x_precise = torch.empty(self.rows, hidden, device=self.device, dtype=self.precise_dtype)
         self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
-        self.dd = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
-        self.dd_low = torch.empty(self.tokens, 2 * self.ffn, device=self.device, dtype=operand)
+        self.dd = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
+        self.dd_low = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=operand)
         self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=operand)
 
     def halves(self, dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The d_a and d_up column halves of a (T, 2F) buffer (dd or dd_low)."""
+        """The d_a and d_up column halves of a (rows, 2F) buffer (dd or dd_low)."""
         return dd[:, : self.ffn], dd[:, self.ffn :]
 
 
 def gather(p: Problem) -> None:
     i = p.inputs
-    gather_kernel[(p.tokens, p.routing_chunks)](
-        i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.tokens, p.hidden, BLOCK_H=ROW_BLOCK_H,
+    last_step = (p.tokens - 1) // p.k_step * p.k_step
+    gather_kernel[(p.rows, p.routing_chunks)](
+        i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.tokens, p.hidden,
+        last_step, last_step + p.k_step - p.tokens, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
 
 
 def routing_x16(p: Problem) -> None:
     i = p.inputs
-    routing_x16_kernel[(p.tokens, p.routing_chunks)](
+    routing_x16_kernel[(p.rows, p.routing_chunks)](
         i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], p.x_precise, p.routing_partials,
         p.tokens, p.hidden, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
@@ -179,7 +186,8 @@ def dh_swiglu(p: Problem, t: Tile) -> None:
 
 
 def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:
-    """[c; c_high] = a^T @ b, with a (T x M), b (T x N), c and c_high (rows x N) stacked into M rows."""
+    """[c; c_high] = a^T @ b over the T tokens, with a (rows x M, padded), b (rows or T x N; see weight_grad_kernel),
+    c and c_high (rows x N) stacked into M rows."""
     m, n = a.shape[1], b.shape[1]
     store = [t.block_m, t.block_n // t.epilogue_split]
     row_tiles = triton.cdiv(m, t.block_m)
@@ -189,7 +197,8 @@ def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch
         raise ValueError(f"group_m {group_m} must divide the {high_from // t.block_m} rows of tiles stored through c")
     weight_grad_kernel[_grid(row_tiles * triton.cdiv(n, t.block_n), t, p.device)](
         _descriptor(a, [t.block_k, t.block_m]), _descriptor(b, [t.block_k, t.block_n]),
-        _descriptor(c, store), _descriptor(c if c_high is None else c_high, store), p.tokens, m, n, high_from, group_m,
+        _descriptor(c, store), _descriptor(c if c_high is None else c_high, store), p.tokens, b.shape[0], m, n, high_from,
+        group_m,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
@@ -240,7 +249,9 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     plan = plan or plan_for(inputs["token_indices"].numel())
     if hidden % plan.dh.block_k or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
-    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn))
+    if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
+        raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
+    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes what needs nothing computed (the zeros of
     # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2
     # once the gather has written ge, then dx once dh has written dd. The caller's stream waits for x16 before
