@@ -22,7 +22,9 @@ and beside them, on a second stream (the launcher orders the two with events):
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose
 out-of-bounds reads are zero-filled and whose out-of-bounds stores are dropped, so a T that is a multiple of
-no tile needs no masks on the operands. (An operand that passes through registers on its way to tl.dot, to
+no tile needs no masks on the operands. A block partly out of bounds is slow, though, so the launcher pads the
+T rows of the intermediates with zero rows and no operand block reaches past its tensor (weight_grad_kernel).
+(An operand that passes through registers on its way to tl.dot, to
 change its dtype, next to a TMA-loaded one, gave wrong results that varied from run to run for some tiles on
 the H200 with Triton 3.6; docs/performance.md. So dx gets its own bf16 copy of dd and one K loop per launch.)
 
@@ -293,10 +295,11 @@ def dx_kernel(
     product [d_a | d_up] @ [w1; w3] without concatenating the weights. Split-K fills the GPU when T is small
     (N / BLOCK_N tiles alone are too few); scatter_kernel adds the partials in fp32 in a fixed order, so the
     result is deterministic. Rows of a past T may hold anything (dh writes its padding rows only as far as its
-    own tiles reach): they reach only rows of the partials past T, which are not stored. Each partial is stored rounded to the partials' dtype (bf16 on the GPU, as dx's
-    operands and output are; its fp32 range): half the bytes of fp32 to write here and read back there, for
-    one more rounding of 2^-9 relative to the partial, as large as the rounding of dx itself and far inside
-    the tolerance. Plain masked stores: a tile staged for a TMA store would take the pipeline's shared memory.
+    own tiles reach): they reach only rows of the partials past T, which are not stored. Each partial is
+    stored rounded to the partials' dtype (bf16 on the GPU, as dx's operands and output are; its fp32 range):
+    half the bytes of fp32 to write here and read back there, for one more rounding of 2^-9 relative to the
+    partial, as large as the rounding of dx itself and far inside the tolerance. Plain masked stores: a tile
+    staged for a TMA store would take the pipeline's shared memory.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)

@@ -82,7 +82,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
-    (384, Plan(Tile(64, 256, 64, 8, 4, 2), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
+    (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1)),
 )
@@ -186,8 +186,8 @@ def dh_swiglu(p: Problem, t: Tile) -> None:
 
 
 def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:
-    """[c; c_high] = a^T @ b over the T tokens, with a (rows x M, padded), b (rows or T x N; see weight_grad_kernel),
-    c and c_high (rows x N) stacked into M rows."""
+    """[c; c_high] = a^T @ b over the T tokens, with a (p.rows x M, padded), b (p.rows or T rows, N columns; see
+    weight_grad_kernel), c and c_high (N columns each) stacked into M rows."""
     m, n = a.shape[1], b.shape[1]
     store = [t.block_m, t.block_n // t.epilogue_split]
     row_tiles = triton.cdiv(m, t.block_m)
