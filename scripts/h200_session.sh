@@ -4,6 +4,17 @@
 # The log and a tarball of results/<device>/ come back in $OUT.
 # Usage (repo root, on the GPU machine): bash scripts/h200_session.sh SOLUTION[,SOLUTION...]
 set -uo pipefail
+# The copied tree's .git, if any, names another commit than the one copied: the commit comes from the caller,
+# expanded where the checkout is. A value equal to this copy's HEAD with the tree differing from it was expanded
+# here, and would name the wrong commit in every result file.
+if [ -z "${HARNESS_GIT_COMMIT:-}" ]; then
+    echo "set HARNESS_GIT_COMMIT to your checkout's commit (git rev-parse HEAD, run where the checkout is)" >&2
+    exit 2
+fi
+if [ "$HARNESS_GIT_COMMIT" = "$(git rev-parse HEAD 2>/dev/null)" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    echo "HARNESS_GIT_COMMIT is this copy's .git HEAD, but the tree differs from it: expand it where your checkout is" >&2
+    exit 2
+fi
 source scripts/h200_env.sh
 log="$OUT/session.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$log"
