@@ -45,11 +45,14 @@ def candidates(tile: type) -> dict[str, list]:
     """(block_m, block_n, block_k, warps, stages, epilogue_split, programs_per_sm, flatten)."""
     return {
         "dh_swiglu": [tile(64, 64, 64, 4, 4), tile(64, 128, 64, 4, 4, 2), tile(64, 256, 64, 8, 4, 2), tile(64, 256, 64, 8, 4, 4),
+                      tile(64, 256, 64, 8, 4, 2, 1, True),
                       tile(128, 128, 64, 8, 4, 2), tile(128, 128, 64, 8, 4, 4), tile(128, 256, 64, 8, 3, 2), tile(128, 256, 64, 8, 3, 4),
                       tile(128, 256, 64, 8, 4, 4), tile(128, 256, 64, 8, 3, 2, 1, True), tile(128, 256, 64, 8, 3, 4, 1, True)],
         "grad_w": [tile(128, 128, 64, 4, 4, 1, 1, True), tile(128, 128, 64, 4, 2, 1, 2, True), tile(128, 256, 64, 8, 3, 2, 1, True),
-                   tile(128, 256, 64, 8, 3, 1, 1, True), tile(128, 256, 64, 8, 4, 2, 1, True), tile(256, 128, 64, 8, 3, 2, 1, True)],
-        "dx": [tile(64, 128, 64, 4, 4), tile(128, 256, 64, 8, 3), tile(128, 128, 64, 8, 4), tile(128, 128, 64, 4, 4)],
+                   tile(128, 256, 64, 8, 3, 1, 1, True), tile(128, 256, 64, 8, 4, 2, 1, True), tile(256, 128, 64, 8, 3, 2, 1, True),
+                   tile(128, 128, 64, 4, 3, 2, 2, True)],
+        "dx": [tile(64, 128, 64, 4, 4), tile(128, 256, 64, 8, 3), tile(128, 256, 64, 8, 4), tile(128, 128, 64, 8, 4), tile(128, 128, 64, 4, 4),
+               tile(128, 128, 64, 4, 6)],
     }  # fmt: skip
 
 
