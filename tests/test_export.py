@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -114,6 +115,24 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
         assert trace.evaluation.status == "PASSED"
         assert trace.evaluation.performance.latency_ms == pytest.approx(measured.timing.mean_us / 1e3)
         assert trace.evaluation.performance.speedup_factor > 1
+
+
+def test_exported_triton_fused_imports_as_sol_execbench_loads_it(tmp_path: Path, monkeypatch) -> None:
+    """SOL-ExecBench's Python/Triton builder writes a solution's sources into a package folder and imports
+    '<package>.solution', so triton_fused's relative import of its kernels resolves; its variadic run binds the
+    12 inputs and 5 outputs that the builder's signature check passes."""
+    write_sol_execbench(h200_result("triton_fused"), get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False)
+    solution = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
+    package = tmp_path / "build" / "exported_triton_fused"
+    for source in solution.sources:
+        (package / source.path).parent.mkdir(parents=True, exist_ok=True)
+        (package / source.path).write_text(source.content)
+    monkeypatch.syspath_prepend(str(tmp_path / "build"))
+    entry_file, entry_symbol = solution.spec.entry_point.split("::")
+    module = importlib.import_module("exported_triton_fused." + entry_file.removesuffix(".py"))
+    run = getattr(module, entry_symbol)
+    assert module.dh_swiglu_kernel is importlib.import_module("exported_triton_fused.kernels").dh_swiglu_kernel
+    inspect.signature(run).bind(*range(12 + 5))
 
 
 def definition_json() -> str:
