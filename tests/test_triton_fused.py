@@ -50,9 +50,19 @@ CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T
 ]
 
 
+def interpreted_inputs(dims: Dims, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The inputs of one problem (seed T), floating-point ones in `dtype` (the interpreter's bf16 is unreliable)."""
+    return {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=dims.num_tokens).items()}
+
+
+def assert_match_in_float32(outputs, expected) -> None:
+    for spec, out, ref in zip(OUTPUTS, outputs, expected):
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
 def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2, epilogue_split: int = 1,
                     programs_per_sm: int = 0, plan=None):
-    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=dims.num_tokens).items()}
+    inputs = interpreted_inputs(dims, dtype)
     outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
     plan = plan or small_plan(module, dx_split, epilogue_split, programs_per_sm)
     module.backward(*inputs.values(), *outputs, plan=plan, precise_dtype=precise)
@@ -73,8 +83,7 @@ def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None
 def test_epilogue_on_column_pieces(interpreted, epilogue_split: int, ffn: int) -> None:
     """F = 80 ends inside a 32-wide tile: the pieces past column F must be clipped, not spill into d_up."""
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, epilogue_split=epilogue_split)
-    for spec, out, ref in zip(OUTPUTS, outputs, expected):
-        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+    assert_match_in_float32(outputs, expected)
 
 
 @pytest.mark.parametrize("ffn", [128, 96])
@@ -82,8 +91,7 @@ def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
     """4 programs over 12 (or 9) dh tiles and the 16 (or 12) tiles of [grad_w1; grad_w3], one launch: each
     program covers several tiles, and at F = 96 the grad_w3 tiles start mid-round (6 grad_w1 tiles, 4 programs)."""
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, programs_per_sm=1)
-    for spec, out, ref in zip(OUTPUTS, outputs, expected):
-        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+    assert_match_in_float32(outputs, expected)
 
 
 @pytest.mark.parametrize("group_m", [1, 2, 4])
@@ -94,8 +102,7 @@ def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
     plan = dataclasses.replace(plan, grad_w2=dataclasses.replace(plan.grad_w2, group_m=0),
                                grad_w13=dataclasses.replace(plan.grad_w13, group_m=group_m))  # fmt: skip
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 128), torch.float32, torch.float32, plan=plan)
-    for spec, out, ref in zip(OUTPUTS, outputs, expected):
-        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+    assert_match_in_float32(outputs, expected)
 
 
 def test_tile_group_must_not_straddle_the_two_weights(interpreted) -> None:
@@ -111,7 +118,7 @@ def test_gather_pads_g_and_shifts_ge_to_the_last_k_step(interpreted) -> None:
     the last step's tokens 16-18 to rows 29-31, behind 13 zero rows, so that grad_w2 can read gated_output's
     rows 3-18 (in bounds) against ge's rows 16-31."""
     dims = Dims(37, 19, 32, 64)
-    inputs = {k: (v.float() if v.is_floating_point() else v) for k, v in generate_inputs(dims, seed=19).items()}
+    inputs = interpreted_inputs(dims, torch.float32)
     outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
     p = interpreted.Problem(inputs, outputs, torch.float32, 1, 16)
     p.g.fill_(float("nan"))
