@@ -208,3 +208,25 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
         run(*inputs.values(), *outputs)
         for spec, out, expected in zip(OUTPUTS, outputs, first):
             assert torch.equal(out, expected), spec.name
+
+
+@pytest.mark.gpu
+def test_stream_layouts_give_the_same_bits() -> None:
+    """The streams only reorder work: dx beside grad_w1/grad_w3 either way round, or all of it on the caller's
+    stream, must give the same bits (a missing wait between the streams would read a buffer before it is written)."""
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    dims = Dims(2689, 336)
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
+    plan = module.plan_for(dims.num_tokens)
+    layouts = [dataclasses.replace(plan, grad_w13_on_side=side) for side in (True, False)]
+    layouts.append(dataclasses.replace(plan, overlap_grad_w2=False, overlap_dx=False))
+    results = []
+    for layout in layouts:
+        for out in outputs:
+            out.fill_(float("nan"))
+        module.backward(*inputs.values(), *outputs, plan=layout)
+        results.append([out.clone() for out in outputs])
+    for spec, *versions in zip(OUTPUTS, *results):
+        assert all(torch.equal(version, versions[0]) for version in versions[1:]), spec.name

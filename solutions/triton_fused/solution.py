@@ -63,6 +63,9 @@ class Plan:
     dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
     overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu
     overlap_dx: bool = True  # run dx on the second stream, beside grad_w1 and grad_w3
+    # With overlap_dx: dx on the caller's stream right behind dh instead, and grad_w1/grad_w3 on the second stream
+    # behind grad_w2. Which of the two starts first decides how their programs share the SMs.
+    grad_w13_on_side: bool = False
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
@@ -82,7 +85,9 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
-    (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
+    # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
+    # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
+    (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2, grad_w13_on_side=True)),
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1)),
 )
@@ -254,9 +259,10 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes what needs nothing computed (the zeros of
     # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2
-    # once the gather has written ge, then dx once dh has written dd. The caller's stream waits for x16 before
-    # grad_w1/grad_w3 and for all of the side stream before scatter, so every buffer outlives its use there
-    # and the caller's stream sees all of the work.
+    # once the gather has written ge, then dx once dh has written dd (or grad_w1/grad_w3, and dx goes on the
+    # caller's stream: plan.grad_w13_on_side). The caller's stream waits for x16 before grad_w1/grad_w3 and for
+    # all of the side stream before scatter, so every buffer outlives its use there and the caller's stream
+    # sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and (plan.overlap_grad_w2 or plan.overlap_dx) else None
     with _beside(side, True):
         zero_unselected(p)
@@ -266,11 +272,18 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, plan.overlap_grad_w2):
         grad_w2(p, plan.grad_w2)
     dh_swiglu(p, plan.dh)
-    with _beside(side, plan.overlap_dx):
+    if side is not None and plan.overlap_dx and plan.grad_w13_on_side:
+        dh_done = _recorded_event(torch.cuda.current_stream())
         dx(p, plan.dx)
-    if x16_ready is not None:
-        torch.cuda.current_stream().wait_event(x16_ready)
-    grad_w13(p, plan.grad_w13)
+        side.wait_event(dh_done)  # x16 is ordered before grad_w1/grad_w3 on the side stream already
+        with torch.cuda.stream(side):
+            grad_w13(p, plan.grad_w13)
+    else:
+        with _beside(side, plan.overlap_dx):
+            dx(p, plan.dx)
+        if x16_ready is not None:
+            torch.cuda.current_stream().wait_event(x16_ready)
+        grad_w13(p, plan.grad_w13)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
     scatter(p)
