@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,11 +61,17 @@ class Plan:
     grad_w13: Tile  # grad_w1 and grad_w3 (one launch of M = 2F rows where F allows, see grad_w13)
     dx: Tile
     dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
-    overlap_grad_w2: bool = True  # run grad_w2 on a second stream, beside dh_swiglu
-    overlap_dx: bool = True  # run dx on the second stream, beside grad_w1 and grad_w3
-    # With overlap_dx: dx on the caller's stream right behind dh instead, and grad_w1/grad_w3 on the second stream
-    # behind grad_w2. Which of the two starts first decides how their programs share the SMs.
-    grad_w13_on_side: bool = False
+    # Which stages run on the second ("side") stream; the rest run on the caller's stream, in the order grad_w2, dh,
+    # dx's halves, grad_w1/grad_w3. Stages on different streams share the SMs; which one starts first decides how.
+    grad_w2_on_side: bool = True  # beside dh_swiglu
+    # dx's two launches (the w1 half, the w3 half): on the side stream beside grad_w1/grad_w3, or on the caller's
+    # stream right behind dh (a half there runs ahead of grad_w1/grad_w3 unless grad_w13_on_side)
+    dx_on_side: tuple[bool, bool] = (True, True)
+    grad_w13_on_side: bool = False  # behind grad_w2 (and any dx half) on the side stream
+
+    @property
+    def uses_side_stream(self) -> bool:
+        return self.grad_w2_on_side or any(self.dx_on_side) or self.grad_w13_on_side
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
@@ -82,12 +88,16 @@ _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
 # at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 PLANS: tuple[tuple[int, Plan], ...] = (
-    (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4)),
+    # dx's w3 half behind dh on the caller's stream, ahead of grad_w1/grad_w3, its w1 half beside them on the side
+    # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T).
+    (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
+              dx_on_side=(True, False))),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
-    (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2, grad_w13_on_side=True)),
+    (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
+               dx_on_side=(False, False), grad_w13_on_side=True)),
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1)),
 )
@@ -225,9 +235,11 @@ def grad_w13(p: Problem, t: Tile) -> None:
         _weight_grad(p, t, d_up, p.x_precise, w3)
 
 
-def dx(p: Problem, t: Tile) -> None:
+def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1)) -> None:
+    """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials)."""
     grid = (triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)
-    for half, (dd_half, weight) in enumerate(zip(p.halves(p.dd_low), ("w1_weight", "w3_weight"))):
+    for half in halves:
+        dd_half, weight = p.halves(p.dd_low)[half], ("w1_weight", "w3_weight")[half]
         dx_kernel[grid](
             _descriptor(dd_half, [t.block_m, t.block_k]), _descriptor(p.inputs[weight], [t.block_k, t.block_n]),
             p.partials, p.tokens, p.hidden, p.ffn // p.dx_split, half * p.dx_split,
@@ -258,29 +270,29 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes what needs nothing computed (the zeros of
-    # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2
-    # once the gather has written ge, then dx once dh has written dd (or grad_w1/grad_w3, and dx goes on the
-    # caller's stream: plan.grad_w13_on_side). The caller's stream waits for x16 before grad_w1/grad_w3 and for
-    # all of the side stream before scatter, so every buffer outlives its use there and the caller's stream
-    # sees all of the work.
-    side = _side_stream(p.g.device) if p.g.is_cuda and (plan.overlap_grad_w2 or plan.overlap_dx) else None
+    # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2 once
+    # the gather has written ge, then whatever of dx and grad_w1/grad_w3 the plan puts there once dh has written dd.
+    # The caller's stream waits for x16 before grad_w1/grad_w3 and for all of the side stream before scatter, so
+    # every buffer outlives its use there and the caller's stream sees all of the work.
+    side = _side_stream(p.g.device) if p.g.is_cuda and plan.uses_side_stream else None
     with _beside(side, True):
         zero_unselected(p)
         routing_x16(p)
         x16_ready = _recorded_event(side)
     gather(p)
-    with _beside(side, plan.overlap_grad_w2):
+    with _beside(side, plan.grad_w2_on_side):
         grad_w2(p, plan.grad_w2)
     dh_swiglu(p, plan.dh)
-    if side is not None and plan.overlap_dx and plan.grad_w13_on_side:
-        dh_done = _recorded_event(torch.cuda.current_stream())
-        dx(p, plan.dx)
-        side.wait_event(dh_done)  # x16 is ordered before grad_w1/grad_w3 on the side stream already
-        with torch.cuda.stream(side):
+    dh_done = _recorded_event(torch.cuda.current_stream()) if side is not None else None
+    on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
+    dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
+    if on_side:
+        with _after(side, dh_done):
+            dx(p, plan.dx, on_side)
+    if side is not None and plan.grad_w13_on_side:
+        with _after(side, dh_done):  # x16 is ordered before it on the side stream already
             grad_w13(p, plan.grad_w13)
     else:
-        with _beside(side, plan.overlap_dx):
-            dx(p, plan.dx)
         if x16_ready is not None:
             torch.cuda.current_stream().wait_event(x16_ready)
         grad_w13(p, plan.grad_w13)
@@ -305,6 +317,14 @@ def _beside(side: torch.cuda.Stream | None, enabled: bool) -> Iterator[None]:
         yield
         return
     side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield
+
+
+@contextlib.contextmanager
+def _after(side: torch.cuda.Stream, event: torch.cuda.Event) -> Iterator[None]:
+    """Issue the block on the side stream, after the work that `event` marks."""
+    side.wait_event(event)
     with torch.cuda.stream(side):
         yield
 
