@@ -140,7 +140,9 @@ def time_references(fused, p, record) -> None:
 
 def one_stream(plan):
     """The plan with every stage on the caller's stream."""
-    return dataclasses.replace(plan, grad_w2_on_side=False, dx_on_side=(False, False), grad_w13_on_side=False)
+    return dataclasses.replace(
+        plan, grad_w2_on_side=False, dx_on_side=(False, False), grad_w13_on_side=False, scatter_on_side=False
+    )
 
 
 def time_plans(fused, tokens: int, arguments: list[torch.Tensor], best: dict, record) -> None:

@@ -212,8 +212,8 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
 
 @pytest.mark.gpu
 def test_stream_layouts_give_the_same_bits() -> None:
-    """The streams only reorder work: every placement of dx's halves and grad_w1/grad_w3 on the two streams, or all
-    of it on the caller's stream, must give the same bits (a missing wait between the streams would read a buffer
+    """The streams only reorder work: placements of dx's halves, scatter and grad_w1/grad_w3 on the two streams, or
+    all of it on the caller's stream, must give the same bits (a missing wait between the streams would read a buffer
     before it is written)."""
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
@@ -222,10 +222,9 @@ def test_stream_layouts_give_the_same_bits() -> None:
     outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
     plan = module.plan_for(dims.num_tokens)
     layouts = [
-        dataclasses.replace(plan, dx_on_side=dx_on_side, grad_w13_on_side=grad_w13_on_side)
-        for dx_on_side, grad_w13_on_side in (
-            ((False, False), True), ((True, True), False), ((True, False), False), ((False, True), False), ((True, True), True)
-        )
+        dataclasses.replace(plan, dx_on_side=dx_on_side, grad_w13_on_side=grad_w13_on_side, scatter_on_side=scatter_on_side)
+        for dx_on_side, grad_w13_on_side in (((False, False), True), ((True, True), False), ((True, False), False), ((False, True), True))
+        for scatter_on_side in (False, True)
     ]
     layouts.append(dataclasses.replace(plan, grad_w2_on_side=False, dx_on_side=(False, False), grad_w13_on_side=False))
     results = []

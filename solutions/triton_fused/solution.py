@@ -62,16 +62,21 @@ class Plan:
     dx: Tile
     dx_split: int  # split-K factor of each of dx's two launches (upper bound; reduced until it divides F)
     # Which stages run on the second ("side") stream; the rest run on the caller's stream, in the order grad_w2, dh,
-    # dx's halves, grad_w1/grad_w3. Stages on different streams share the SMs; which one starts first decides how.
+    # dx's halves, grad_w1/grad_w3, scatter. Stages on different streams share the SMs; which one starts first
+    # decides how.
     grad_w2_on_side: bool = True  # beside dh_swiglu
     # dx's two launches (the w1 half, the w3 half): on the side stream beside grad_w1/grad_w3, or on the caller's
     # stream right behind dh (a half there runs ahead of grad_w1/grad_w3 unless grad_w13_on_side)
     dx_on_side: tuple[bool, bool] = (True, True)
     grad_w13_on_side: bool = False  # behind grad_w2 (and any dx half) on the side stream
+    # scatter on the side stream as soon as all of dx is done, beside grad_w1/grad_w3 (ahead of them if they are on
+    # the side stream too), instead of last on the caller's stream. Where dx ends last, the call ends some us later
+    # when its last kernel runs on the side stream (T = 128-336: +3 to +6 us).
+    scatter_on_side: bool = False
 
     @property
     def uses_side_stream(self) -> bool:
-        return self.grad_w2_on_side or any(self.dx_on_side) or self.grad_w13_on_side
+        return self.grad_w2_on_side or any(self.dx_on_side) or self.grad_w13_on_side or self.scatter_on_side
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
@@ -89,9 +94,10 @@ _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 PLANS: tuple[tuple[int, Plan], ...] = (
     # dx's w3 half behind dh on the caller's stream, ahead of grad_w1/grad_w3, its w1 half beside them on the side
-    # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T).
+    # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T). scatter
+    # then runs beside grad_w1/grad_w3, which end the call (219 -> 217 us).
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
-              dx_on_side=(True, False))),
+              dx_on_side=(True, False), scatter_on_side=True)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
@@ -271,10 +277,11 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes what needs nothing computed (the zeros of
     # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2 once
-    # the gather has written ge, then whatever of dx and grad_w1/grad_w3 the plan puts there once dh has written dd.
-    # The caller's stream waits for x16 before grad_w1/grad_w3 and for all of the side stream before scatter, so
-    # every buffer outlives its use there and the caller's stream sees all of the work.
+    # the gather has written ge, then whatever of dx, scatter and grad_w1/grad_w3 the plan puts there once dh (for
+    # scatter: all of dx) is done. The caller's stream waits for x16 before grad_w1/grad_w3 and for all of the side
+    # stream before its scatter, so every buffer outlives its use there and the caller's stream sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and plan.uses_side_stream else None
+    caller = torch.cuda.current_stream() if side is not None else None  # only used with a side stream
     with _beside(side, True):
         zero_unselected(p)
         routing_x16(p)
@@ -283,22 +290,28 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, plan.grad_w2_on_side):
         grad_w2(p, plan.grad_w2)
     dh_swiglu(p, plan.dh)
-    dh_done = _recorded_event(torch.cuda.current_stream()) if side is not None else None
+    dh_done = _recorded_event(caller)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
+    caller_dx_done = _recorded_event(caller) if plan.scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
             dx(p, plan.dx, on_side)
+    scatter_on_side = side is not None and plan.scatter_on_side
+    if scatter_on_side:
+        with _after(side, caller_dx_done):  # the routing sums are ordered before it on the side stream already
+            scatter(p)
     if side is not None and plan.grad_w13_on_side:
         with _after(side, dh_done):  # x16 is ordered before it on the side stream already
             grad_w13(p, plan.grad_w13)
     else:
         if x16_ready is not None:
-            torch.cuda.current_stream().wait_event(x16_ready)
+            caller.wait_event(x16_ready)
         grad_w13(p, plan.grad_w13)
     if side is not None:
-        torch.cuda.current_stream().wait_stream(side)
-    scatter(p)
+        caller.wait_stream(side)
+    if not scatter_on_side:
+        scatter(p)
 
 
 def _recorded_event(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
