@@ -68,7 +68,7 @@ class Plan:
     # dx's two launches (the w1 half, the w3 half): on the side stream beside grad_w1/grad_w3, or on the caller's
     # stream right behind dh (a half there runs ahead of grad_w1/grad_w3 unless grad_w13_on_side)
     dx_on_side: tuple[bool, bool] = (True, True)
-    grad_w13_on_side: bool = False  # behind grad_w2 (and any dx half) on the side stream
+    grad_w13_on_side: bool = False  # behind grad_w2 (and any dx half, and scatter if there too) on the side stream
     # scatter on the side stream as soon as all of dx is done, beside grad_w1/grad_w3 (ahead of them if they are on
     # the side stream too), instead of last on the caller's stream. Where dx ends last, the call ends some us later
     # when its last kernel runs on the side stream (T = 128-336: +3 to +6 us).
@@ -293,11 +293,11 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     dh_done = _recorded_event(caller)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
-    caller_dx_done = _recorded_event(caller) if plan.scatter_on_side else None
+    scatter_on_side = side is not None and plan.scatter_on_side
+    caller_dx_done = _recorded_event(caller) if scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
             dx(p, plan.dx, on_side)
-    scatter_on_side = side is not None and plan.scatter_on_side
     if scatter_on_side:
         with _after(side, caller_dx_done):  # the routing sums are ordered before it on the side stream already
             scatter(p)
