@@ -86,9 +86,15 @@ class Plan:
 _DX_WIDE = Tile(128, 256, 64, 8, 4)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 # Two co-resident programs per SM, each storing in halves (3 stages fit twice in shared memory): one program's
-# stores overlap the other's loads and products (T = 128: 269 -> 256 us with both weight gradients so).
+# stores overlap the other's loads and products (T = 128: 269 -> 256 us with both weight gradients so; grad_w2's tile
+# at 64 < T <= 256).
 _WGRAD_PAIR = Tile(128, 128, 64, 4, 3, 2, 2, True)
 _WGRAD_WIDE = Tile(128, 256, 64, 8, 4, 2, 1, True)
+# grad_w1/grad_w3 one program per SM and dx in 128x128 tiles of 3 stages: one program of each fits an SM beside the
+# other (115 + 98 KB of shared memory), so on every SM dx's products run under grad_w1/grad_w3's stores
+# (T = 128: 253 -> 250 us; either tile alone is 7-9 us slower, and at T = 64 or from T = 196 the pair is slower).
+_WGRAD_BESIDE_DX = Tile(128, 128, 64, 4, 3, 2, 1, True)
+_DX_BESIDE_WGRAD = Tile(128, 128, 64, 4, 3)
 # grad_w2 column by column of tiles: a wave of tiles then shares a few column slabs of gated_output (T x F, 58 MB
 # at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
@@ -98,7 +104,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # then runs beside grad_w1/grad_w3, which end the call (219 -> 217 us).
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
               dx_on_side=(True, False), scatter_on_side=True)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_PAIR, Tile(64, 128, 64, 4, 4), 4)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4)),
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
