@@ -14,7 +14,6 @@ so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import sys
@@ -138,22 +137,15 @@ def time_references(fused, p, record) -> None:
         record({"T": tokens, "stage": stage, "split": 0, "tile": "cuBLAS", "us": gpu_time_us(fn)})
 
 
-def one_stream(plan):
-    """The plan with every stage on the caller's stream."""
-    return dataclasses.replace(
-        plan, grad_w2_on_side=False, dx_on_side=(False, False), grad_w13_on_side=False, scatter_on_side=False
-    )
-
-
 def time_plans(fused, tokens: int, arguments: list[torch.Tensor], best: dict, record) -> None:
     """The whole backward with the bucket's plan, with and without the side stream, and with the best tile per
     stage (all four stages swept), with and without the side stream."""
     bucket = fused.plan_for(tokens)
-    plans = {"bucket plan": bucket, "bucket plan, one stream": one_stream(bucket)}
+    plans = {"bucket plan": bucket, "bucket plan, one stream": bucket.on_one_stream()}
     if len(best) == 4:
         swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
         plans["best per stage"] = swept
-        plans["best per stage, one stream"] = one_stream(swept)
+        plans["best per stage, one stream"] = swept.on_one_stream()
     for name, plan in plans.items():
         row = {"T": tokens, "stage": "whole", "split": 0, "tile": name, "plan": repr(plan)}
         try:

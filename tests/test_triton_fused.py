@@ -226,7 +226,7 @@ def test_stream_layouts_give_the_same_bits() -> None:
         for dx_on_side, grad_w13_on_side in (((False, False), True), ((True, True), False), ((True, False), False), ((False, True), True))
         for scatter_on_side in (False, True)
     ]
-    layouts.append(dataclasses.replace(plan, grad_w2_on_side=False, dx_on_side=(False, False), grad_w13_on_side=False))
+    layouts.append(plan.on_one_stream())
     results = []
     for layout in layouts:
         for out in outputs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -77,6 +77,12 @@ class Plan:
     @property
     def uses_side_stream(self) -> bool:
         return self.grad_w2_on_side or any(self.dx_on_side) or self.grad_w13_on_side or self.scatter_on_side
+
+    def on_one_stream(self) -> Plan:
+        """The same tiles with every stage on the caller's stream (the sweeps' and tests' point of comparison)."""
+        return replace(
+            self, grad_w2_on_side=False, dx_on_side=(False, False), grad_w13_on_side=False, scatter_on_side=False
+        )
 
 
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
