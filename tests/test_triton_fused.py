@@ -94,6 +94,15 @@ def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
     assert_match_in_float32(outputs, expected)
 
 
+@pytest.mark.parametrize("dh_gathers_rows", [False, True])
+def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: bool) -> None:
+    """dh reading the gather's contiguous copy of its rows by TMA, or gathering them itself (the gather then writes
+    ge only); T = 33 ends inside a 16-row tile, so rows past T must read as zeros either way."""
+    plan = dataclasses.replace(small_plan(interpreted), dh_gathers_rows=dh_gathers_rows)
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
+    assert_match_in_float32(outputs, expected)
+
+
 @pytest.mark.parametrize("group_m", [1, 2, 4])
 def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
     """Grouped tile orders of the persistent weight gradients (F = 128, 32-row tiles: 8 rows of tiles for

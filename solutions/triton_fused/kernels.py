@@ -3,7 +3,8 @@
 Seven kernels (T tokens, H hidden, F ffn, B batch rows; shapes of SPEC section 1), nine launches on two
 streams. On the caller's stream:
 
-- `gather_kernel`           g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2
+- `gather_kernel`           g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2 (where the
+                            plan has dh gather its own rows, ge only, on the second stream)
 - `dh_swiglu_kernel`        dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
                             once in fp16 (for the weight gradients) and once in bf16 (for dx)
 - `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows
@@ -54,6 +55,7 @@ def gather_kernel(
     grad_output, token_indices, selected_weights, g_out, ge_out,
     T, H, LAST_STEP, SHIFT,
     BLOCK_H: tl.constexpr,  # columns per program
+    WRITE_G: tl.constexpr,  # False where dh gathers its own rows: ge only
 ):  # fmt: skip
     """Program (r, c) writes columns [c*BLOCK_H, (c+1)*BLOCK_H) of row r of g and of ge, over the rows that the
     launcher pads T to: g = grad_output[idx] (zero rows from T on) and ge = g*w, rounded to bf16 once (grad_w2's
@@ -63,7 +65,8 @@ def gather_kernel(
     past T) behind SHIFT zero rows, so that grad_w2 can load that step's rows of gated_output, an input of T
     rows, as the in-bounds block ending at row T (see weight_grad_kernel). A 2-D grid rather than a loop over
     H per token: at T = 64 a loop gives 64 programs with dependent steps, too few to stream even these few MB
-    at full speed. The only kernel ahead of dh: it moves as little as it can (read g, write g and ge).
+    at full speed. The only kernel ahead of dh, unless dh gathers its own rows: it moves as little as it can
+    (read g, write g and ge).
     """
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -72,11 +75,13 @@ def gather_kernel(
         row = tl.load(token_indices + r)
         weight = tl.load(selected_weights + r).to(tl.float32)
         g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0)
-        tl.store(g_out + r * H + cols, g, mask=mask)
+        if WRITE_G:
+            tl.store(g_out + r * H + cols, g, mask=mask)
         ge_row = tl.where(r >= LAST_STEP, r + SHIFT, r)
         tl.store(ge_out + ge_row * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
     else:
-        tl.store(g_out + r * H + cols, tl.zeros([BLOCK_H], dtype=g_out.dtype.element_ty), mask=mask)
+        if WRITE_G:
+            tl.store(g_out + r * H + cols, tl.zeros([BLOCK_H], dtype=g_out.dtype.element_ty), mask=mask)
         if r < T + SHIFT:
             tl.store(ge_out + (LAST_STEP + r - T) * H + cols, tl.zeros([BLOCK_H], dtype=ge_out.dtype.element_ty), mask=mask)
 
@@ -144,18 +149,22 @@ def _halves(x, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T"])
 def dh_swiglu_kernel(
-    g, w2, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, selected_weights,
+    g, token_indices, w2, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, selected_weights,
     T, H, F,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # ffn columns per tile
     BLOCK_K: tl.constexpr,  # hidden columns per step
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
     FLATTEN: tl.constexpr,  # pipeline across the tiles of a persistent program
+    GATHERED: tl.constexpr,  # g is gather_kernel's copy of the T rows (a descriptor); else grad_output itself
 ):  # fmt: skip
     """dh = diag(w) (g @ w2) with the SwiGLU backward fused into the epilogue.
 
     g and w2 are descriptors with blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]; the (T, F) activations
-    are pointers. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]:
+    are pointers. Without GATHERED, g is grad_output and each tile loads its rows token_indices[off_m:] with
+    pointer loads (cp.async, pipelined like TMA loads), so that no gather kernel stands between the call's start
+    and dh: that saves the gather's 5-7 us at small T, but the loop runs 2 us (T = 64) to 46 us (T = 2048)
+    slower than with both operands by TMA. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]:
     d_a and d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past
     column F is clipped there rather than spilling into the other half) and the same values in bf16 for dx.
 
@@ -169,12 +178,19 @@ def dh_swiglu_kernel(
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         off_m = (tile % num_m) * BLOCK_M
         off_n = (tile // num_m) * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        tokens = rows < T
+        if not GATHERED:
+            g_rows = g + tl.load(token_indices + rows, mask=tokens, other=0)[:, None] * H + tl.arange(0, BLOCK_K)[None, :]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k in range(0, H, BLOCK_K):
-            acc = tl.dot(g.load([off_m, k]), w2.load([k, off_n]), acc)
+            if GATHERED:
+                g_block = g.load([off_m, k])
+            else:
+                g_block = tl.load(g_rows + k, mask=tokens[:, None], other=0.0)
+            acc = tl.dot(g_block, w2.load([k, off_n]), acc)
 
-        rows = off_m + tl.arange(0, BLOCK_M)
-        dh = acc * tl.load(selected_weights + rows, mask=rows < T, other=0.0).to(tl.float32)[:, None]
+        dh = acc * tl.load(selected_weights + rows, mask=tokens, other=0.0).to(tl.float32)[:, None]
         # fmt: off
         if EPILOGUE_SPLIT == 1:
             _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,

@@ -73,6 +73,10 @@ class Plan:
     # the side stream too), instead of last on the caller's stream. Where dx ends last, the call ends some us later
     # when its last kernel runs on the side stream (T = 128-336: +3 to +6 us).
     scatter_on_side: bool = False
+    # dh loads its rows of grad_output itself, and the gather, which then writes ge only, runs first on the side
+    # stream: no kernel stands between the call's start and dh. Its pointer loads are slower than TMA (dh alone +2 us
+    # at T = 64, +5 at 256, +9 at 512, +46 at 2048), so this pays only where the gather's 5-7 us weigh more.
+    dh_gathers_rows: bool = False
 
     @property
     def uses_side_stream(self) -> bool:
@@ -88,7 +92,9 @@ class Plan:
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
 # benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). Every bucket uses the side stream: grad_w2
 # fills the SMs that dh leaves idle (56-112 tiles on 132 SMs at T <= 256), and dx, bound by reading the
-# weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us).
+# weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us). Up to T = 384 dh gathers
+# its own rows (T = 64: -3 us, 128: -5 to -6, 196-215: -2 to -4, 256: -2 to +1, 296-336: -3 to -7; at 512 -2 to +4,
+# at 2048 +15 to +45).
 _DX_WIDE = Tile(128, 256, 64, 8, 4)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 # Two co-resident programs per SM, each storing in halves (3 stages fit twice in shared memory): one program's
@@ -109,13 +115,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T). scatter
     # then runs beside grad_w1/grad_w3, which end the call (219 -> 217 us).
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
-              dx_on_side=(True, False), scatter_on_side=True)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4)),
-    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2)),
+              dx_on_side=(True, False), scatter_on_side=True, dh_gathers_rows=True)),
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4, dh_gathers_rows=True)),
+    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2, dh_gathers_rows=True)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True)),
+               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True)),
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1)),
 )
@@ -180,12 +186,13 @@ class Problem:
         return dd[:, : self.ffn], dd[:, self.ffn :]
 
 
-def gather(p: Problem) -> None:
+def gather(p: Problem, write_g: bool = True) -> None:
+    """ge, and g unless dh gathers its own rows (write_g False: p.g is then left unwritten and unused)."""
     i = p.inputs
     last_step = (p.tokens - 1) // p.k_step * p.k_step
     gather_kernel[(p.rows, p.routing_chunks)](
         i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.tokens, p.hidden,
-        last_step, last_step + p.k_step - p.tokens, BLOCK_H=ROW_BLOCK_H,
+        last_step, last_step + p.k_step - p.tokens, BLOCK_H=ROW_BLOCK_H, WRITE_G=write_g,
     )  # fmt: skip
 
 
@@ -205,16 +212,18 @@ def zero_unselected(p: Problem) -> None:
     )  # fmt: skip
 
 
-def dh_swiglu(p: Problem, t: Tile) -> None:
+def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
+    """dh and the SwiGLU backward, reading g (gathered) or the rows of grad_output that token_indices selects."""
     i = p.inputs
+    g = _descriptor(p.g, [t.block_m, t.block_k]) if gathered else i["grad_output"]
     block = [t.block_m, t.block_n // t.epilogue_split]
     outputs = [_descriptor(half, block) for dd in (p.dd, p.dd_low) for half in p.halves(dd)]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
     dh_swiglu_kernel[_grid(tiles, t, p.device)](
-        _descriptor(p.g, [t.block_m, t.block_k]), _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
+        g, i["token_indices"], _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
         i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        GATHERED=gathered, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
 
@@ -287,21 +296,27 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
-    # Two streams where the plan asks. The side stream first writes what needs nothing computed (the zeros of
-    # unselected rows, x16 and the routing sums: memory traffic beside dh's tensor-core work), then grad_w2 once
-    # the gather has written ge, then whatever of dx, scatter and grad_w1/grad_w3 the plan puts there once dh (for
-    # scatter: all of dx) is done. The caller's stream waits for x16 before grad_w1/grad_w3 and for all of the side
-    # stream before its scatter, so every buffer outlives its use there and the caller's stream sees all of the work.
+    # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
+    # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
+    # tensor-core work), then grad_w2 once the gather has written ge, then whatever of dx, scatter and
+    # grad_w1/grad_w3 the plan puts there once dh (for scatter: all of dx) is done. The caller's stream waits for x16
+    # (and ge, if it runs grad_w2) before grad_w1/grad_w3 and for all of the side stream before its scatter, so every
+    # buffer outlives its use there and the caller's stream sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and plan.uses_side_stream else None
     caller = torch.cuda.current_stream() if side is not None else None  # only used with a side stream
     with _beside(side, True):
+        if plan.dh_gathers_rows:
+            gather(p, write_g=False)
         zero_unselected(p)
         routing_x16(p)
-        x16_ready = _recorded_event(side)
-    gather(p)
+        side_operands_ready = _recorded_event(side)
+    if not plan.dh_gathers_rows:
+        gather(p)
     with _beside(side, plan.grad_w2_on_side):
+        if side_operands_ready is not None and not plan.grad_w2_on_side:
+            caller.wait_event(side_operands_ready)  # ge may come from the side stream
         grad_w2(p, plan.grad_w2)
-    dh_swiglu(p, plan.dh)
+    dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
@@ -317,8 +332,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         with _after(side, dh_done):  # x16 is ordered before it on the side stream already
             grad_w13(p, plan.grad_w13)
     else:
-        if x16_ready is not None:
-            caller.wait_event(x16_ready)
+        if side_operands_ready is not None:
+            caller.wait_event(side_operands_ready)
         grad_w13(p, plan.grad_w13)
     if side is not None:
         caller.wait_stream(side)
