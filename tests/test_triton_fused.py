@@ -97,7 +97,7 @@ def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
 @pytest.mark.parametrize("dh_gathers_rows", [False, True])
 def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: bool) -> None:
     """dh reading the gather's contiguous copy of its rows by TMA, or gathering them itself (the gather then writes
-    ge only); T = 33 ends inside a 16-row tile, so rows past T must read as zeros either way."""
+    ge only); T = 33 ends inside a 16-row tile, whose rows past T have no token index to load."""
     plan = dataclasses.replace(small_plan(interpreted), dh_gathers_rows=dh_gathers_rows)
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
@@ -221,9 +221,9 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
 
 @pytest.mark.gpu
 def test_stream_layouts_give_the_same_bits() -> None:
-    """The streams only reorder work: placements of dx's halves, scatter and grad_w1/grad_w3 on the two streams, or
-    all of it on the caller's stream, must give the same bits (a missing wait between the streams would read a buffer
-    before it is written)."""
+    """The streams only reorder work: placements of grad_w2, dx's halves, scatter and grad_w1/grad_w3 on the two
+    streams, the gather on either stream (Plan.dh_gathers_rows), or all of it on the caller's stream, must give the
+    same bits (a missing wait between the streams would read a buffer before it is written)."""
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
     dims = Dims(2689, 336)
@@ -235,6 +235,8 @@ def test_stream_layouts_give_the_same_bits() -> None:
         for dx_on_side, grad_w13_on_side in (((False, False), True), ((True, True), False), ((True, False), False), ((False, True), True))
         for scatter_on_side in (False, True)
     ]
+    layouts.append(dataclasses.replace(plan, grad_w2_on_side=False))  # grad_w2 on the caller's stream waits for ge
+    layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))
     layouts.append(plan.on_one_stream())
     results = []
     for layout in layouts:

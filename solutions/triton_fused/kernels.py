@@ -160,13 +160,14 @@ def dh_swiglu_kernel(
 ):  # fmt: skip
     """dh = diag(w) (g @ w2) with the SwiGLU backward fused into the epilogue.
 
-    g and w2 are descriptors with blocks [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]; the (T, F) activations
-    are pointers. Without GATHERED, g is grad_output and each tile loads its rows token_indices[off_m:] with
-    pointer loads (cp.async, pipelined like TMA loads), so that no gather kernel stands between the call's start
-    and dh: that saves the gather's 5-7 us at small T, but the loop runs 2 us (T = 64) to 46 us (T = 2048)
-    slower than with both operands by TMA. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]:
-    d_a and d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past
-    column F is clipped there rather than spilling into the other half) and the same values in bf16 for dx.
+    w2 is a descriptor with blocks [BLOCK_K, BLOCK_N]. With GATHERED, g is one too, with blocks [BLOCK_M, BLOCK_K],
+    over gather_kernel's copy of the T rows; without, g is grad_output itself and each tile loads its rows
+    token_indices[off_m:off_m + BLOCK_M] with pointer loads (cp.async, pipelined like the TMA loads), so that no
+    gather kernel stands between the call's start and dh: that saves the gather's 5-7 us at small T, but the loop
+    runs 2 us (T = 64) to 46 us (T = 2048) slower than with both operands by TMA. The (T, F) activations are
+    pointers. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]: d_a and
+    d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past column F is
+    clipped there rather than spilling into the other half) and the same values in bf16 for dx.
 
     Tiles are numbered token-tile fastest, so the programs that read one column block of w2 run together and
     each byte of w2 comes from HBM once. Three fp32 activation tiles beside the accumulator overflow the
