@@ -93,8 +93,8 @@ class Plan:
 # benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). Every bucket uses the side stream: grad_w2
 # fills the SMs that dh leaves idle (56-112 tiles on 132 SMs at T <= 256), and dx, bound by reading the
 # weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us). Up to T = 384 dh gathers
-# its own rows (same-process A/B, flag on against off: T = 64 -2.7 to -3.0 us, 128 -5.5 to -6.5, 196-215 -1.5 to
-# -3.6, 256 -1.9 to +0.6, 296-336 -3.0 to -7.1; at 512 -2.1 to +4.3, at 2048 +14 to +45).
+# its own rows (same-process A/B, flag on against off: T = 64 -2.6 to -3.8 us, 128 -5.5 to -6.5, 196-215 -1.5 to
+# -3.3, 256 -1.9 to +0.6, 296-336 -2.7 to -7.2; at 512 -2.1 to +4.1, at 2048 +46).
 _DX_WIDE = Tile(128, 256, 64, 8, 4)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 # Two co-resident programs per SM, each storing in halves (3 stages fit twice in shared memory): one program's
