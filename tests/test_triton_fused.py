@@ -175,6 +175,17 @@ def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.dx_split_for(plan, 384) == 3  # 384 = 6 steps of 64: the largest split <= 4 dividing it
 
 
+def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> None:
+    """The Gluon dh has no CPU interpreter and reads the gathered copy of g: plans that ask otherwise fail clearly."""
+    gluon_dh = interpreted.WarpSpecializedDh(16, 2, 16, 1)
+    with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
+                        plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh))  # fmt: skip
+    with pytest.raises(ValueError, match="cannot gather its own rows"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
+                        plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh, dh_gathers_rows=True))  # fmt: skip
+
+
 @pytest.mark.gpu
 def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
     options = BenchOptions(trials=3, timing=TimingConfig(max_calls=20))
@@ -191,7 +202,13 @@ def test_each_bucket_compiles_once() -> None:
     """Calls within one T bucket (different T and B) add no compiled variant after the bucket's first call."""
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
-    for bucket in ((Dims(512, 64), Dims(541, 64), Dims(256, 64)), (Dims(1571, 196), Dims(1721, 215), Dims(4096, 256))):
+    buckets = (
+        (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
+        (Dims(1571, 196), Dims(1721, 215), Dims(4096, 256)),
+        (Dims(1024, 512), Dims(3967, 496), Dims(2000, 401)),  # the Gluon dh from here on
+        (Dims(4096, 2048), Dims(2048, 1024), Dims(3000, 1501)),
+    )
+    for bucket in buckets:
         counts = []
         for dims in bucket:
             inputs = generate_inputs(dims, 0, "cuda")
@@ -217,6 +234,30 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
         run(*inputs.values(), *outputs)
         for spec, out, expected in zip(OUTPUTS, outputs, first):
             assert torch.equal(out, expected), spec.name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [Dims(3967, 496), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
+def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
+    """The Gluon dh writes what Triton's writes, up to the fp16 rounding of dh it hands over, on every row of d_a and d_up
+    in both precisions: the padding rows past T as zeros (the weight gradients read them)."""
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    plan = module.plan_for(dims.num_tokens)
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+    p = module.Problem(inputs, outputs, torch.float16, 1, plan.grad_w2.block_k)
+    module.gather(p)
+    module.dh_swiglu(p, plan.dh)
+    expected = [p.dd.float(), p.dd_low.float()]
+    p.dd.fill_(float("nan"))
+    p.dd_low.fill_(float("nan"))
+    module.dh_swiglu_warp_specialized(p, plan.dh_warp_specialized)
+    # dh rounded to fp16 (2^-11) can move the stored value by one unit of its last place: 2^-10 in fp16, 2^-7 in bf16
+    for name, got, want, rtol in (("dd", p.dd.float(), expected[0], 2**-9), ("dd_low", p.dd_low.float(), expected[1], 2**-7)):
+        assert not got.isnan().any(), f"{name}: rows or columns left unwritten"
+        assert torch.equal(got[dims.num_tokens :], torch.zeros_like(got[dims.num_tokens :])), f"{name}: padding rows"
+        torch.testing.assert_close(got, want, rtol=rtol, atol=1e-4 * float(want.abs().max()), msg=name)
 
 
 @pytest.mark.gpu

@@ -6,7 +6,8 @@ streams. On the caller's stream:
 - `gather_kernel`           g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2 (where the
                             plan has dh gather its own rows, ge only, on the second stream)
 - `dh_swiglu_kernel`        dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
-                            once in fp16 (for the weight gradients) and once in bf16 (for dx)
+                            once in fp16 (for the weight gradients) and once in bf16 (for dx); from T = 385 the
+                            warp-specialised Gluon kernel of dh_warp_specialized.py takes its place
 - `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
                             their entries of grad_routing_weights

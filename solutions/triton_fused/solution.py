@@ -1,5 +1,5 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
-launches of kernels.py.
+launches of kernels.py (and, for large T, of the warp-specialised Gluon dh in dh_warp_specialized.py).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -15,8 +15,11 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .dh_warp_specialized import dh_swiglu_ws_kernel
 from .kernels import (
     dh_swiglu_kernel,
     dx_kernel,
@@ -39,6 +42,7 @@ ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routi
 # tile's block_m and block_k, so that no GEMM operand block of them reaches past their end (weight_grad_kernel).
 ROW_PAD = 128
 ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
+WS_BLOCK_M, WS_BLOCK_N = 128, 256  # the warp-specialised dh's tile (two warpgroups of 64 x 256 wgmma)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,16 @@ class Tile:
     programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
     flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
     group_m: int = 1  # weight_grad: rows of tiles per group of its tile order (0: all rows, row tile fastest)
+
+
+@dataclass(frozen=True)
+class WarpSpecializedDh:
+    """The Gluon dh's configuration (tiles of 128 tokens x 256 ffn columns, 8 product warps; dh_warp_specialized.py)."""
+
+    block_k: int  # hidden columns per operand stage
+    stages: int  # operand stages in shared memory
+    act_width: int  # ffn columns per epilogue piece
+    act_buffers: int  # epilogue pieces whose activations are in flight
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,10 @@ class Plan:
     # stream: no kernel stands between the call's start and dh. Its pointer loads are slower than TMA (dh alone +2 us
     # at T = 64, +5 at 256, +9 at 512, +46 at 2048), so this pays only where the gather's 5-7 us weigh more.
     dh_gathers_rows: bool = False
+    # dh as the warp-specialised Gluon kernel, its epilogue under the next tile's products (GPU only; needs the
+    # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
+    # v12); `dh` is then unused.
+    dh_warp_specialized: WarpSpecializedDh | None = None
 
     @property
     def uses_side_stream(self) -> bool:
@@ -122,8 +140,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True)),
-    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2)),
-    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1)),
+    # From T = 385 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the Triton
+    # dh, three repetitions: T = 496 -7.6 us, 512 -15, 1024 -45, 2048 -45 to -63). Where a program has fewer tiles
+    # (T = 512: 1.7) the shallower K steps with two activation pieces in flight win; with more, deeper stages.
+    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
+               dh_warp_specialized=WarpSpecializedDh(32, 5, 16, 2))),
+    (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
+                   dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1))),
 )
 
 
@@ -227,6 +250,26 @@ def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
     )  # fmt: skip
 
 
+def _gluon_descriptor(tensor: torch.Tensor, block_shape: list[int]) -> GluonTensorDescriptor:
+    _descriptor(tensor, block_shape)  # the same alignment check
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[tensor.dtype]
+    return GluonTensorDescriptor.from_tensor(tensor, block_shape, gl.NVMMASharedLayout.get_default_for(block_shape, dtype))
+
+
+def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh) -> None:
+    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor."""
+    if not p.g.is_cuda:
+        raise ValueError("the warp-specialised dh is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+    i = p.inputs
+    activations = [_gluon_descriptor(i[name], [WS_BLOCK_M, w.act_width]) for name in ("w1_output", "up_output", "gate_output")]
+    tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, WS_BLOCK_N)
+    dh_swiglu_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
+        _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, WS_BLOCK_N]),
+        *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
+        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, num_warps=8,
+    )  # fmt: skip
+
+
 def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:
     """[c; c_high] = a^T @ b over the T tokens, with a (p.rows x M, padded), b (p.rows or T rows, N columns; see
     weight_grad_kernel), c and c_high (N columns each) stacked into M rows."""
@@ -295,6 +338,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
+    if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
+        raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
@@ -316,7 +361,10 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if side_operands_ready is not None and not plan.grad_w2_on_side:
             caller.wait_event(side_operands_ready)  # ge may come from the side stream
         grad_w2(p, plan.grad_w2)
-    dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
+    if plan.dh_warp_specialized is not None:
+        dh_swiglu_warp_specialized(p, plan.dh_warp_specialized)
+    else:
+        dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
@@ -383,7 +431,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the seven kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the eight kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
-    kernels = (gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, weight_grad_kernel, dx_kernel, scatter_kernel)
+    kernels = (
+        gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
+        dx_kernel, scatter_kernel,
+    )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())

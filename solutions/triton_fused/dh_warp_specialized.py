@@ -1,0 +1,222 @@
+"""dh with its SwiGLU backward as a warp-specialised Gluon kernel (Hopper), for large T.
+
+Triton's `dh_swiglu_kernel` (kernels.py) runs its epilogue after its main loop in the same warps: at T = 2048 the
+epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and takes about 130 of the kernel's
+440 us while the tensor cores idle. Here three groups of warps share each SM and work on different tiles at once:
+
+- one loader warp streams the operand blocks of g and w2 by TMA into a ring of STAGES shared-memory stages,
+  running ahead of the products across tile boundaries;
+- the default partition, num_warps = 8 warps (two warpgroups of 64 x 256 wgmma), accumulates a 128 x 256 tile of
+  g @ w2 in fp32, multiplies it by the routing weight and hands it over in fp16 through shared memory, then
+  starts on its next tile at once;
+- two epilogue warps take the previous tile's dh from the handoff buffer, ACT_WIDTH columns at a time, with the
+  three activation blocks of those columns loaded by TMA (ACT_BUFFERS pieces in flight), and store d_a and d_up in
+  fp16 and in bf16 with plain stores.
+
+So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
+launcher uses this kernel only for large T (docs/performance.md, v12). The register file bounds the layout: the
+64 x 256 fp32 accumulator of each product warpgroup needs at least 154 registers per thread, which ptxas grants
+only if the whole kernel has at most 12 warps (8 + 1 + 2, padded to whole warpgroups).
+
+Precision: as in Triton's kernel (SPEC section 4), with one more rounding: the routing weight multiplies the fp32
+accumulator, and the product is handed over rounded to fp16 (11 significant bits; the path to grad_w1/grad_w3
+keeps at least 10), so d_a and d_up differ from the Triton kernel's by about one fp16 rounding of dh. The SwiGLU
+backward runs in fp32.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+
+@gluon.jit
+def _split_columns(x, PIECES: gl.constexpr):
+    """The PIECES column blocks of x, left to right (PIECES a power of two)."""
+    xs = (x,)
+    for _ in gl.static_range(PIECES.bit_length() - 1):
+        parts = ()
+        for j in gl.static_range(len(xs)):
+            y = xs[j]
+            parts += y.reshape(y.shape[0], 2, y.shape[1] // 2).permute(0, 2, 1).split()
+        xs = parts
+    return xs
+
+
+@gluon.jit
+def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F):
+    """Loader partition: the (g, w2) blocks of every K step of this program's tiles, into stage step % STAGES once the
+    products have released it (`empty`); `ready` counts their bytes in."""
+    BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = g_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
+    STAGES: gl.constexpr = g_bufs.shape[0]
+    num_m = gl.cdiv(T, BLOCK_M)
+    k_steps = gl.cdiv(H, BLOCK_K)
+    total = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0)) * k_steps
+    for step in range(total):
+        s = step % STAGES
+        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        tile = gl.program_id(0) + (step // k_steps) * gl.num_programs(0)
+        k = (step % k_steps) * BLOCK_K
+        bar = ready.index(s)
+        mbarrier.expect(bar, g_desc.block_type.nbytes + w2_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(g_desc, [(tile % num_m) * BLOCK_M, k], bar, g_bufs.index(s))
+        tma.async_copy_global_to_shared(w2_desc, [k, (tile // num_m) * BLOCK_N], bar, w_bufs.index(s))
+
+
+@gluon.jit
+def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F,
+              num_warps: gl.constexpr):  # fmt: skip
+    """Default partition: per tile, acc = g @ w2 over the K steps (one wgmma in flight while the next is issued),
+    then w * acc in fp16 into the handoff buffer once the epilogue has emptied it.
+
+    The K loop is nested inside the tile loop, with no branch in it: with the handoff inside one flat loop over
+    every step, ptxas made each step wait for all its wgmmas ("warpgroup.wait is injected")."""
+    BLOCK_M: gl.constexpr = g_bufs.shape[1]
+    BLOCK_K: gl.constexpr = g_bufs.shape[2]
+    BLOCK_N: gl.constexpr = w_bufs.shape[2]
+    STAGES: gl.constexpr = g_bufs.shape[0]
+    PIECES: gl.constexpr = handoff.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    num_m = gl.cdiv(T, BLOCK_M)
+    k_steps = gl.cdiv(H, BLOCK_K)
+    my_tiles = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
+    step = 0
+    for j in range(my_tiles):
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for kk in range(k_steps):
+            s = step % STAGES
+            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            acc = warpgroup_mma(g_bufs.index(s), w_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if kk > 0:  # the previous step's wgmma is done with its stage
+                mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+            step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+        tile = gl.program_id(0) + j * gl.num_programs(0)
+        rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        dh = acc * gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)[:, None]
+        mbarrier.wait(dh_free, (j & 1) ^ 1)
+        pieces = _split_columns(dh, PIECES)
+        for i in gl.static_range(PIECES):
+            handoff.index(i).store(pieces[i].to(handoff.dtype))
+        mbarrier.arrive(dh_ready, count=1)
+
+
+@gluon.jit
+def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, piece, total, num_m,
+                      PIECES: gl.constexpr):  # fmt: skip
+    """The three activation blocks of this program's piece-th piece into buffer piece % ACT_BUFFERS (none past the
+    last piece)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    WIDTH: gl.constexpr = a_desc.block_type.shape[1]
+    tile = gl.program_id(0) + (piece // PIECES) * gl.num_programs(0)
+    off_m = (tile % num_m) * BLOCK_M
+    off_n = (tile // num_m) * (WIDTH * PIECES) + (piece % PIECES) * WIDTH
+    b = piece % a_bufs.shape[0]
+    bar = act_ready.index(b)
+    live = piece < total
+    mbarrier.expect(bar, 3 * a_desc.block_type.nbytes, pred=live)
+    tma.async_copy_global_to_shared(a_desc, [off_m, off_n], bar, a_bufs.index(b), pred=live)
+    tma.async_copy_global_to_shared(up_desc, [off_m, off_n], bar, up_bufs.index(b), pred=live)
+    tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], bar, gate_bufs.index(b), pred=live)
+
+
+@gluon.jit
+def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready,
+                     dd, dd_low, T, F, ROWS):  # fmt: skip
+    """Epilogue partition: d_a = dh * up * silu'(a) (from w1_output) and d_up = dh * gate in fp32, ACT_WIDTH columns
+    at a time, stored into dd = [d_a | d_up] (fp16) and dd_low (bf16), (ROWS, 2F) row-major. Every row of a tile is
+    stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA zero-fills the activations
+    past row T), because the weight gradients read them."""
+    PIECES: gl.constexpr = handoff.shape[0]
+    BLOCK_M: gl.constexpr = handoff.shape[1]
+    WIDTH: gl.constexpr = handoff.shape[2]
+    BUFFERS: gl.constexpr = a_bufs.shape[0]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (WIDTH // 8), WIDTH // 8], [gl.num_warps(), 1], [1, 0])
+    num_m = gl.cdiv(T, BLOCK_M)
+    total = gl.cdiv(num_m * gl.cdiv(F, WIDTH * PIECES) - gl.program_id(0), gl.num_programs(0)) * PIECES
+    for first in gl.static_range(BUFFERS - 1):
+        _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, total, num_m, PIECES)
+    for j in range(total):
+        gl.thread_barrier()  # both warps are done with the buffer of piece j - 1, which piece j + BUFFERS - 1 takes
+        _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, j + BUFFERS - 1, total,
+                          num_m, PIECES)  # fmt: skip
+        b = j % BUFFERS
+        piece = j % PIECES
+        if piece == 0:
+            mbarrier.wait(dh_ready, (j // PIECES) & 1)
+        dh = handoff.index(piece).load(layout).to(gl.float32)
+        if piece == PIECES - 1:
+            mbarrier.arrive(dh_free, count=1)
+        mbarrier.wait(act_ready.index(b), (j // BUFFERS) & 1)
+        a = a_bufs.index(b).load(layout).to(gl.float32)
+        up = up_bufs.index(b).load(layout).to(gl.float32)
+        gate = gate_bufs.index(b).load(layout).to(gl.float32)
+        s = 1.0 / (1.0 + gl.exp(-a))
+        grad_a = dh * up * s * (1.0 + a * (1.0 - s))
+        grad_up = dh * gate
+        tile = gl.program_id(0) + (j // PIECES) * gl.num_programs(0)
+        rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        cols = (tile // num_m) * (WIDTH * PIECES) + piece * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+        mask = (rows < ROWS)[:, None] & (cols < F)[None, :]
+        out = rows[:, None] * (2 * F) + cols[None, :]
+        gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
+        gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
+        gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
+        gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
+
+
+@gluon.jit(do_not_specialize=["T", "ROWS"])
+def dh_swiglu_ws_kernel(
+    g_desc, w2_desc, a_desc, up_desc, gate_desc, dd, dd_low, selected_weights,
+    T, H, F, ROWS,
+    STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, 256] (descriptors)
+    ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
+    num_warps: gl.constexpr,  # 8: the product warps
+):  # fmt: skip
+    """dd = [d_a | d_up] and its bf16 copy dd_low from dh = diag(w) (g @ w2), one persistent program per SM walking
+    the 128 x 256 tiles `program_id, program_id + programs, ...`, token tile fastest (each byte of w2 from HBM
+    once). g is the gathered, zero-padded copy of the T rows (ROWS of them); the activations are the (T, F) inputs.
+
+    Shared memory: STAGES x (16 + 32) KB of operand stages at BLOCK_K = 64, the 64 KB fp16 handoff, and
+    ACT_BUFFERS x 3 x 4 KB at ACT_WIDTH = 16: 3 stages and one activation buffer fill 220 KB of the 227 KB.
+    """
+    BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
+    WIDTH: gl.constexpr = a_desc.block_type.shape[1]
+    g_bufs = gl.allocate_shared_memory(g_desc.dtype, [STAGES] + g_desc.block_type.shape, g_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w2_desc.dtype, [STAGES] + w2_desc.block_type.shape, w2_desc.layout)
+    handoff = gl.allocate_shared_memory(
+        gl.float16, [BLOCK_N // WIDTH, BLOCK_M, WIDTH], gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+    )
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [ACT_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
+    up_bufs = gl.allocate_shared_memory(up_desc.dtype, [ACT_BUFFERS] + up_desc.block_type.shape, up_desc.layout)
+    gate_bufs = gl.allocate_shared_memory(gate_desc.dtype, [ACT_BUFFERS] + gate_desc.block_type.shape, gate_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    act_ready = gl.allocate_shared_memory(gl.int64, [ACT_BUFFERS, 1], mbarrier.MBarrierLayout())
+    dh_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dh_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(ACT_BUFFERS):
+        mbarrier.init(act_ready.index(i), count=1)
+    mbarrier.init(dh_ready, count=1)
+    mbarrier.init(dh_free, count=1)
+    gl.warp_specialize(
+        [
+            (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
+            (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F)),
+            (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
+                                act_ready, dd, dd_low, T, F, ROWS)),
+        ],
+        [1, 2],  # loader warp, epilogue warps
+        [24, 184],  # their registers: the loader needs few, the epilogue's fp32 pieces many
+    )  # fmt: skip
