@@ -28,10 +28,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.sweep_triton_fused import gpu_time_us
 from harness.problem import INPUTS, OUTPUTS, Dims
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
-from harness.timing import TimingConfig, time_solution
+from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs
 
@@ -91,10 +92,6 @@ def two_streams(p: Products, side: torch.cuda.Stream, dx_on_side: bool) -> None:
     caller.wait_stream(side)
 
 
-def mean_us(call: Callable[[], None]) -> float:
-    return time_solution(lambda _: call(), lambda _: None, 1, torch.device("cuda"), TIMING).mean_us
-
-
 def measure(dims: Dims, seed: int, run: Callable[..., object], side: torch.cuda.Stream) -> dict[str, float]:
     """The three cuBLAS layouts and triton_fused on one input set of one workload."""
     inputs = generate_inputs(dims, seed, "cuda")
@@ -104,10 +101,10 @@ def measure(dims: Dims, seed: int, run: Callable[..., object], side: torch.cuda.
     return {
         "B": dims.batch_seq_len,
         "T": dims.num_tokens,
-        "one_stream_us": mean_us(functools.partial(one_stream, p)),
-        "two_streams_dx_side_us": mean_us(functools.partial(two_streams, p, side, True)),
-        "two_streams_w13_side_us": mean_us(functools.partial(two_streams, p, side, False)),
-        "triton_fused_us": mean_us(functools.partial(run, *arguments)),
+        "one_stream_us": gpu_time_us(functools.partial(one_stream, p), TIMING),
+        "two_streams_dx_side_us": gpu_time_us(functools.partial(two_streams, p, side, True), TIMING),
+        "two_streams_w13_side_us": gpu_time_us(functools.partial(two_streams, p, side, False), TIMING),
+        "triton_fused_us": gpu_time_us(functools.partial(run, *arguments), TIMING),
     }
 
 
