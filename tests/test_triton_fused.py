@@ -103,6 +103,14 @@ def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: boo
     assert_match_in_float32(outputs, expected)
 
 
+def test_prologue_after_dh(interpreted) -> None:
+    """zero_unselected and routing_x16 issued after dh (Plan.prologue_after_dh): grad_w1/grad_w3 and scatter, which
+    read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
+    plan = dataclasses.replace(small_plan(interpreted), prologue_after_dh=True)
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
+    assert_match_in_float32(outputs, expected)
+
+
 @pytest.mark.parametrize("group_m", [1, 2, 4])
 def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
     """Grouped tile orders of the persistent weight gradients (F = 128, 32-row tiles: 8 rows of tiles for
@@ -263,8 +271,9 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 @pytest.mark.gpu
 def test_stream_layouts_give_the_same_bits() -> None:
     """The streams only reorder work: placements of grad_w2, dx's halves, scatter and grad_w1/grad_w3 on the two
-    streams, the gather on either stream (Plan.dh_gathers_rows), or all of it on the caller's stream, must give the
-    same bits (a missing wait between the streams would read a buffer before it is written)."""
+    streams, the gather on either stream (Plan.dh_gathers_rows), zero_unselected and routing_x16 first or after dh
+    (Plan.prologue_after_dh), or all of it on the caller's stream, must give the same bits (a missing wait between
+    the streams would read a buffer before it is written)."""
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
     dims = Dims(2689, 336)
@@ -278,6 +287,7 @@ def test_stream_layouts_give_the_same_bits() -> None:
     ]
     layouts.append(dataclasses.replace(plan, grad_w2_on_side=False))  # grad_w2 on the caller's stream waits for ge
     layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))
+    layouts.append(dataclasses.replace(plan, prologue_after_dh=not plan.prologue_after_dh))
     layouts.append(plan.on_one_stream())
     results = []
     for layout in layouts:

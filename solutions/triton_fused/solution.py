@@ -95,6 +95,10 @@ class Plan:
     # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
     # v12); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
+    # zero_unselected and routing_x16 on the side stream once dh is done, rather than first: grad_w2 then starts beside
+    # dh as soon as ge is written, and their memory traffic runs beside dx instead (same-process A/B, T = 296 -4.6 us,
+    # 336 -5.7; +8 to +46 us in every other bucket, whose grad_w2 does not wait for them or whose dh they slow less)
+    prologue_after_dh: bool = False
 
     @property
     def uses_side_stream(self) -> bool:
@@ -139,7 +143,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True)),
+               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True, prologue_after_dh=True)),
     # From T = 385 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the Triton
     # dh, three repetitions: T = 496 -7.6 us, 512 -15, 1024 -45, 2048 -45 to -63). Where a program has fewer tiles
     # (T = 512: 1.7) the shallower K steps with two activation pieces in flight win; with more, deeper stages.
@@ -343,7 +347,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
-    # tensor-core work), then grad_w2 once the gather has written ge, then whatever of dx, scatter and
+    # tensor-core work; with prologue_after_dh, once dh is done, beside dx), then grad_w2 once the gather has written
+    # ge, then whatever of dx, scatter and
     # grad_w1/grad_w3 the plan puts there once dh (for scatter: all of dx) is done. The caller's stream waits for x16
     # (and ge, if it runs grad_w2) before grad_w1/grad_w3 and for all of the side stream before its scatter, so every
     # buffer outlives its use there and the caller's stream sees all of the work.
@@ -352,8 +357,9 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, True):
         if plan.dh_gathers_rows:
             gather(p, write_g=False)
-        zero_unselected(p)
-        routing_x16(p)
+        if not plan.prologue_after_dh:
+            zero_unselected(p)
+            routing_x16(p)
         side_operands_ready = _recorded_event(side)
     if not plan.dh_gathers_rows:
         gather(p)
@@ -366,6 +372,11 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
+    if plan.prologue_after_dh:
+        with _after(side, dh_done):
+            zero_unselected(p)
+            routing_x16(p)
+        side_operands_ready = _recorded_event(side)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
     scatter_on_side = side is not None and plan.scatter_on_side
@@ -410,8 +421,11 @@ def _beside(side: torch.cuda.Stream | None, enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _after(side: torch.cuda.Stream, event: torch.cuda.Event) -> Iterator[None]:
-    """Issue the block on the side stream, after the work that `event` marks."""
+def _after(side: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> Iterator[None]:
+    """Issue the block on the side stream, after the work that `event` marks (without a side stream: in order)."""
+    if side is None:
+        yield
+        return
     side.wait_event(event)
     with torch.cuda.stream(side):
         yield
