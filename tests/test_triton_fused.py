@@ -103,12 +103,19 @@ def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: boo
     assert_match_in_float32(outputs, expected)
 
 
-def test_prologue_after_dh(interpreted) -> None:
-    """zero_unselected and routing_x16 issued after dh (Plan.prologue_after_dh): grad_w1/grad_w3 and scatter, which
-    read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
-    plan = dataclasses.replace(small_plan(interpreted), prologue_after_dh=True)
+@pytest.mark.parametrize("side_prologue", ["first", "zeros_after_grad_w2", "after_dh"])
+def test_side_prologue_placements(interpreted, side_prologue: str) -> None:
+    """zero_unselected and routing_x16 issued where Plan.side_prologue says: grad_w1/grad_w3 and scatter, which read
+    x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
+    plan = dataclasses.replace(small_plan(interpreted), side_prologue=side_prologue)
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
+
+
+def test_unknown_side_prologue_is_refused(interpreted) -> None:
+    plan = dataclasses.replace(small_plan(interpreted), side_prologue="last")
+    with pytest.raises(ValueError, match="side_prologue must be one of"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
 @pytest.mark.parametrize("group_m", [1, 2, 4])
@@ -271,8 +278,8 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 @pytest.mark.gpu
 def test_stream_layouts_give_the_same_bits() -> None:
     """The streams only reorder work: placements of grad_w2, dx's halves, scatter and grad_w1/grad_w3 on the two
-    streams, the gather on either stream (Plan.dh_gathers_rows), zero_unselected and routing_x16 first or after dh
-    (Plan.prologue_after_dh), or all of it on the caller's stream, must give the same bits (a missing wait between
+    streams, the gather on either stream (Plan.dh_gathers_rows), zero_unselected and routing_x16 first, behind grad_w2
+    or after dh (Plan.side_prologue), or all of it on the caller's stream, must give the same bits (a missing wait between
     the streams would read a buffer before it is written)."""
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
@@ -287,7 +294,7 @@ def test_stream_layouts_give_the_same_bits() -> None:
     ]
     layouts.append(dataclasses.replace(plan, grad_w2_on_side=False))  # grad_w2 on the caller's stream waits for ge
     layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))
-    layouts.append(dataclasses.replace(plan, prologue_after_dh=not plan.prologue_after_dh))
+    layouts += [dataclasses.replace(plan, side_prologue=where) for where in ("first", "zeros_after_grad_w2") if where != plan.side_prologue]
     layouts.append(plan.on_one_stream())
     results = []
     for layout in layouts:

@@ -12,6 +12,7 @@ import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 import torch
 import triton
@@ -68,6 +69,9 @@ class WarpSpecializedDh:
     act_buffers: int  # epilogue pieces whose activations are in flight
 
 
+SidePrologue = Literal["first", "zeros_after_grad_w2", "after_dh"]
+
+
 @dataclass(frozen=True)
 class Plan:
     dh: Tile
@@ -95,10 +99,13 @@ class Plan:
     # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
     # v12); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
-    # zero_unselected and routing_x16 on the side stream once dh is done, rather than first: grad_w2 then starts beside
-    # dh as soon as ge is written, and their memory traffic runs beside dx instead (same-process A/B, T = 296 -4.6 us,
-    # 336 -5.7; +8 to +46 us in every other bucket, whose grad_w2 does not wait for them or whose dh they slow less)
-    prologue_after_dh: bool = False
+    # Where zero_unselected and routing_x16 run on the side stream. "first": both ahead of grad_w2, beside dh.
+    # "zeros_after_grad_w2": x16 first, the zeros right behind grad_w2 (grad_w2 starts earlier, the zeros run beside
+    # grad_w1/grad_w3; same-process A/B against "first": T = 196-256 -0.5 to -7.7 us, the most at B = 4096).
+    # "after_dh": both once dh is done, beside dx (grad_w2 starts beside dh as soon as ge is written; T = 296 -4.6 us,
+    # 336 -5.7 against "first"). In the Gluon buckets, with "first", x16 keeps grad_w2 from taking the SMs before the
+    # persistent dh: the others are slower there (docs/performance.md, v13).
+    side_prologue: SidePrologue = "first"
 
     @property
     def uses_side_stream(self) -> bool:
@@ -139,11 +146,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
               dx_on_side=(True, False), scatter_on_side=True, dh_gathers_rows=True)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4, dh_gathers_rows=True)),
-    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2, dh_gathers_rows=True)),
+    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2, dh_gathers_rows=True,
+               side_prologue="zeros_after_grad_w2")),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True, prologue_after_dh=True)),
+               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True, side_prologue="after_dh")),
     # From T = 385 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the Triton
     # dh, three repetitions: T = 496 -7.6 us, 512 -15, 1024 -45, 2048 -45 to -63). Where a program has fewer tiles
     # (T = 512: 1.7) the shallower K steps with two activation pieces in flight win; with more, deeper stages.
@@ -342,13 +350,15 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
+    if plan.side_prologue not in get_args(SidePrologue):
+        raise ValueError(f"side_prologue must be one of {get_args(SidePrologue)}, not {plan.side_prologue!r}")
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
-    # tensor-core work; with prologue_after_dh, once dh is done, beside dx), then grad_w2 once the gather has written
-    # ge, then whatever of dx, scatter and
+    # tensor-core work; the plan's side_prologue may put the zeros behind grad_w2, or both once dh is done), then
+    # grad_w2 once the gather has written ge, then whatever of dx, scatter and
     # grad_w1/grad_w3 the plan puts there once dh (for scatter: all of dx) is done. The caller's stream waits for x16
     # (and ge, if it runs grad_w2) before grad_w1/grad_w3 and for all of the side stream before its scatter, so every
     # buffer outlives its use there and the caller's stream sees all of the work.
@@ -357,8 +367,9 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, True):
         if plan.dh_gathers_rows:
             gather(p, write_g=False)
-        if not plan.prologue_after_dh:
+        if plan.side_prologue == "first":
             zero_unselected(p)
+        if plan.side_prologue != "after_dh":
             routing_x16(p)
         side_operands_ready = _recorded_event(side)
     if not plan.dh_gathers_rows:
@@ -367,12 +378,14 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if side_operands_ready is not None and not plan.grad_w2_on_side:
             caller.wait_event(side_operands_ready)  # ge may come from the side stream
         grad_w2(p, plan.grad_w2)
+        if plan.side_prologue == "zeros_after_grad_w2":
+            zero_unselected(p)
     if plan.dh_warp_specialized is not None:
         dh_swiglu_warp_specialized(p, plan.dh_warp_specialized)
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
-    if plan.prologue_after_dh:
+    if plan.side_prologue == "after_dh":
         with _after(side, dh_done):
             zero_unselected(p)
             routing_x16(p)
