@@ -5,8 +5,8 @@ GPU only.
 
 Stage times measured alone do not add up to the whole backward: stages on the two streams share the SMs, a kernel
 issued on one stream waits for SMs that a persistent kernel on the other holds, and one stage's tail overlaps the
-next stage's start. A timeline shows that (docs/performance.md, v13: fusing dh and grad_w2 saved 40 us on its own and
-nothing in the whole, because the plan already ran dx beside grad_w2's tail).
+next stage's start. A timeline shows that (docs/performance.md, v13: fusing dh and grad_w2 had them done 32 us earlier
+and the whole no earlier, because the plan already ran dx beside grad_w2's tail).
 
 Each call runs as the harness times it: after warm-up calls, with the L2 flushed by the harness's flusher and a GPU
 spin ahead of it, so that every launch is queued before the first kernel starts. The times are CUPTI's kernel
