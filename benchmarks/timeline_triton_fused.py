@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from harness.problem import INPUTS, OUTPUTS, Dims
+from harness.problem import INPUTS, Dims
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
+from harness.runner import allocate_outputs
 from harness.timing import SPIN_CYCLES_PER_SECOND, L2Flusher
 from harness.workloads import load_named_suite
 from reference import generate_inputs
@@ -91,8 +92,7 @@ def main() -> None:
     for index, workload in workloads:
         dims: Dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
-        outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
-        arguments = [inputs[spec.name] for spec in INPUTS] + [outputs[spec.name] for spec in OUTPUTS]
+        arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
         for _ in range(WARMUP_CALLS):
             run(*arguments)
         torch.cuda.synchronize()
@@ -104,7 +104,7 @@ def main() -> None:
                 print(f"  {k['stream']:6} {k['kernel'][:32]:32} grid {k['grid']!s:16} {k['start_us']:8.1f} -> {k['end_us']:8.1f}"
                       f"  ({k['end_us'] - k['start_us']:.1f})")
                 handle.write(json.dumps({"index": index, "uuid": workload.uuid, "B": dims.batch_seq_len, "T": dims.num_tokens, **k}) + "\n")
-        del inputs, outputs, arguments
+        del inputs, arguments
         torch.cuda.empty_cache()
 
 
