@@ -1,0 +1,105 @@
+"""Same-process A/B of triton_fused's whole backward: each workload's bucket plan against variants of it. GPU only.
+
+    PYTHONPATH=. python3 benchmarks/plan_ab_triton_fused.py --workloads 6,3 \
+        --variant 'zeros behind grad_w2: side_prologue="zeros_after_grad_w2"' --reps 3 --out ab.jsonl
+
+A variant is `name: field=value; field=value`, fields of solution.Plan and Python literals for their values
+(`dx_on_side=(False, True)`; a tuple for dh_warp_specialized gives WarpSpecializedDh(*tuple), None turns it off).
+One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
+few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
+largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
+plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (benchmarks.sweep_triton_fused's
+gpu_time_us: L2 flushed before each call, a GPU spin ahead of each batch). Rows are appended to --out (JSON lines)
+after a provenance header.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.sweep_triton_fused import gpu_time_us
+from harness.problem import INPUTS, OUTPUTS
+from harness.provenance import collect, read_clocks
+from harness.registry import get_solution
+from harness.runner import allocate_outputs
+from harness.workloads import load_named_suite
+from reference import generate_inputs
+
+
+def parse_variant(text: str, module) -> tuple[str, dict]:
+    """'name: field=value; ...' -> (name, the Plan fields to replace)."""
+    name, _, assignments = text.partition(":")
+    if not assignments.strip():
+        raise SystemExit(f"variant {text!r}: expected 'name: field=value; ...'")
+    plan_fields = {field.name for field in dataclasses.fields(module.Plan)}
+    changes = {}
+    for assignment in assignments.split(";"):
+        field, _, value = (part.strip() for part in assignment.partition("="))
+        if field not in plan_fields:
+            raise SystemExit(f"variant {name!r}: Plan has no field {field!r} (fields: {', '.join(sorted(plan_fields))})")
+        changes[field] = ast.literal_eval(value)
+        if field == "dh_warp_specialized" and changes[field] is not None:
+            changes[field] = module.WarpSpecializedDh(*changes[field])
+    return name.strip(), changes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workloads", required=True, help="comma-separated indices of the public suite")
+    parser.add_argument("--variant", action="append", required=True, help="'name: field=value; ...' (repeatable)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", default="plan_ab.jsonl")
+    args = parser.parse_args()
+
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    variants = dict(parse_variant(text, module) for text in args.variant)
+    device = torch.device("cuda")
+    out = Path(args.out)
+    out.write_text(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
+    suite = load_named_suite("public").workloads
+    for index in (int(i) for i in args.workloads.split(",")):
+        workload = suite[index]
+        dims = workload.dims
+        inputs = generate_inputs(dims, 0, "cuda")
+        arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
+        outputs = arguments[len(INPUTS) :]
+        bucket = module.plan_for(dims.num_tokens)
+        plans = {"plan": bucket} | {name: dataclasses.replace(bucket, **changes) for name, changes in variants.items()}
+        expected = None
+        for name, plan in plans.items():
+            for out_tensor in outputs:
+                out_tensor.fill_(float("nan"))
+            module.backward(*arguments, plan=plan)
+            got = [out_tensor.float() for out_tensor in outputs]
+            if expected is None:
+                expected = got
+            differences = {
+                spec.name: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for spec, a, b in zip(OUTPUTS, got, expected)
+            }
+            print(f"#{index} T={dims.num_tokens} {name}: largest relative difference from the plan's outputs {differences}")
+        times: dict[str, list[float]] = {name: [] for name in plans}
+        with out.open("a") as handle:
+            for rep in range(args.reps):
+                for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
+                    us = gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
+                    times[name].append(us)
+                    row = {"index": index, "B": dims.batch_seq_len, "T": dims.num_tokens, "variant": name, "rep": rep, "us": us}
+                    handle.write(json.dumps(row) + "\n")
+        for name, values in times.items():
+            print(f"#{index} T={dims.num_tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})")
+        del inputs, arguments, outputs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
