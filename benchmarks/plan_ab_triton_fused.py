@@ -4,7 +4,8 @@
         --variant 'zeros behind grad_w2: side_prologue="zeros_after_grad_w2"' --reps 3 --out ab.jsonl
 
 A variant is `name: field=value; field=value`, fields of solution.Plan and Python literals for their values
-(`dx_on_side=(False, True)`; a tuple for dh_warp_specialized gives WarpSpecializedDh(*tuple), None turns it off).
+(`dx_on_side=(False, True)`; a tuple for a tile gives Tile(*tuple), for dh_warp_specialized WarpSpecializedDh(*tuple),
+and None turns the latter off).
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
@@ -40,15 +41,16 @@ def parse_variant(text: str, module) -> tuple[str, dict]:
     name, _, assignments = text.partition(":")
     if not assignments.strip():
         raise SystemExit(f"variant {text!r}: expected 'name: field=value; ...'")
-    plan_fields = {field.name for field in dataclasses.fields(module.Plan)}
+    plan_fields = {field.name: field.type for field in dataclasses.fields(module.Plan)}
+    from_tuple = {"Tile": module.Tile, "WarpSpecializedDh | None": module.WarpSpecializedDh}
     changes = {}
     for assignment in assignments.split(";"):
         field, _, value = (part.strip() for part in assignment.partition("="))
         if field not in plan_fields:
             raise SystemExit(f"variant {name!r}: Plan has no field {field!r} (fields: {', '.join(sorted(plan_fields))})")
         changes[field] = ast.literal_eval(value)
-        if field == "dh_warp_specialized" and changes[field] is not None:
-            changes[field] = module.WarpSpecializedDh(*changes[field])
+        if isinstance(changes[field], tuple) and plan_fields[field] in from_tuple:
+            changes[field] = from_tuple[plan_fields[field]](*changes[field])
     return name.strip(), changes
 
 
