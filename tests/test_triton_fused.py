@@ -201,6 +201,36 @@ def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> N
                         plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh, dh_gathers_rows=True))  # fmt: skip
 
 
+def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
+    """The Gluon dx has no CPU interpreter, and the Gluon dh writes the bf16 copy of dd that only Triton's dx reads:
+    plans that ask otherwise fail clearly."""
+    with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
+                        plan=dataclasses.replace(small_plan(interpreted), dx_warp_specialized=True))  # fmt: skip
+    with pytest.raises(ValueError, match="needs Triton's dh"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
+                        plan=dataclasses.replace(small_plan(interpreted), dx_warp_specialized=True,
+                                                 dh_warp_specialized=interpreted.WarpSpecializedDh(16, 2, 16, 1)))  # fmt: skip
+
+
+@pytest.mark.parametrize("epilogue_split", [1, 4])
+def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split: int) -> None:
+    """Where dx reads the fp16 dd (the Gluon dx), dh leaves out the bf16 copy and writes the same dd as with it."""
+    dims = Dims(50, 33, 64, 80)
+    inputs = interpreted_inputs(dims, torch.float32)
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
+    tile = small_plan(interpreted, epilogue_split=epilogue_split).dh
+    written = []
+    for low_copy in (True, False):
+        p = interpreted.Problem(inputs, outputs, torch.float32, 1, 16, low_copy)
+        p.dd.fill_(float("nan"))
+        interpreted.gather(p)
+        interpreted.dh_swiglu(p, tile)
+        written.append(p.dd[: dims.num_tokens])
+    assert (p.dd_low is None) and not written[1].isnan().any()
+    assert torch.equal(written[0], written[1])
+
+
 @pytest.mark.gpu
 def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
     options = BenchOptions(trials=3, timing=TimingConfig(max_calls=20))
@@ -304,3 +334,30 @@ def test_stream_layouts_give_the_same_bits() -> None:
         results.append([out.clone() for out in outputs])
     for spec, *versions in zip(OUTPUTS, *results):
         assert all(torch.equal(version, versions[0]) for version in versions[1:]), spec.name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [Dims(1571, 196), Dims(2053, 256), Dims(700, 200, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}")
+def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
+    """The Gluon dx over the fp16 dd gives Triton's dx over the bf16 copy up to that copy's rounding (bf16 of fp16 of
+    x against bf16 of x), as the same bits on every call. F = 320 has an odd number of K steps per split."""
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    plan = module.plan_for(dims.num_tokens)
+    assert plan.dx_warp_specialized
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+    p = module.Problem(inputs, outputs, torch.float16, module.dx_split_for(plan, dims.ffn_dim), plan.grad_w2.block_k)
+    assert (dims.ffn_dim // p.dx_split // plan.dx.block_k) % 2 == (dims.ffn_dim == 320)
+    module.gather(p)
+    module.dh_swiglu(p, plan.dh)
+    module.dx(p, plan.dx)
+    expected = p.partials.float().sum(0)
+    p.partials.fill_(float("nan"))
+    module.dx(p, plan.dx, warp_specialized=True)
+    first = p.partials.clone()
+    assert not first.isnan().any()
+    torch.testing.assert_close(first.float().sum(0), expected, rtol=0, atol=1e-2 * float(expected.abs().max()))
+    for _ in range(10):
+        module.dx(p, plan.dx, warp_specialized=True)
+        assert torch.equal(p.partials, first)

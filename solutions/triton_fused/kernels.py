@@ -6,8 +6,9 @@ streams. On the caller's stream:
 - `gather_kernel`           g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2 (where the
                             plan has dh gather its own rows, ge only, on the second stream)
 - `dh_swiglu_kernel`        dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
-                            once in fp16 (for the weight gradients) and once in bf16 (for dx); from T = 385 the
-                            warp-specialised Gluon kernel of dh_warp_specialized.py takes its place
+                            in fp16 (for the weight gradients, and for dx where it is the Gluon kernel) and, where
+                            dx is dx_kernel, once more in bf16; from T = 385 the warp-specialised Gluon kernel of
+                            dh_warp_specialized.py takes its place
 - `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
                             their entries of grad_routing_weights
@@ -19,7 +20,9 @@ and beside them, on a second stream (the launcher orders the two with events):
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated
-- `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum)
+- `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); at
+                            128 < T <= 256 the Gluon kernel of dx_warp_specialized.py takes its place, one launch
+                            over both
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose
@@ -28,7 +31,8 @@ no tile needs no masks on the operands. A block partly out of bounds is slow, th
 T rows of the intermediates with zero rows and no operand block reaches past its tensor (weight_grad_kernel).
 (An operand that passes through registers on its way to tl.dot, to
 change its dtype, next to a TMA-loaded one, gave wrong results that varied from run to run for some tiles on
-the H200 with Triton 3.6; docs/performance.md. So dx gets its own bf16 copy of dd and one K loop per launch.)
+the H200 with Triton 3.6; docs/performance.md. So dx_kernel gets its own bf16 copy of dd and one K loop per
+launch. The Gluon dx, which controls its registers, converts in registers without that copy.)
 
 The dh and weight-gradient kernels are persistent when the launcher gives them fewer programs than tiles:
 each program walks the tiles `program_id, program_id + num_programs, ...`, and with FLATTEN Triton's
@@ -39,7 +43,7 @@ Precision (SPEC section 4): the path g -> dh -> (d_a, d_up) -> grad_w1/grad_w3 k
 bits: g and w2 are exact bf16 inputs, the routing weight multiplies the fp32 accumulator (ge is never
 rounded on this path), the SwiGLU backward runs in fp32 and d_a, d_up are stored in fp16 for the weight
 gradients, whose other operand x is exact in fp16. grad_w2 (one rounding of ge) and dx (d_a, d_up rounded
-to bf16 by the dh epilogue) take bf16 operands, which the tolerance admits. Every tl.dot accumulates in fp32.
+to bf16 by the dh epilogue, or by the Gluon dx from fp16) take bf16 operands, which the tolerance admits. Every tl.dot accumulates in fp32.
 
 The kernels take their operand dtypes from the descriptors and pointers, so the CPU tests can run them
 under TRITON_INTERPRET=1 with float32/float16 operands.
@@ -118,10 +122,10 @@ def routing_x16_kernel(
 @triton.jit
 def _swiglu_backward_store(
     dh, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOW_COPY: tl.constexpr,
 ):  # fmt: skip
     """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32; each is
-    stored twice, in fp16 (d_a, d_up) and in bf16 (d_a_low, d_up_low).
+    stored in fp16 (d_a, d_up) and, with LOW_COPY, again in bf16 (d_a_low, d_up_low).
 
     The activations come through plain loads straight into registers: staged through shared memory by TMA,
     their three tiles would crowd out the pipeline buffers.
@@ -138,8 +142,9 @@ def _swiglu_backward_store(
     grad_up = dh * gate
     d_a.store([off_m, off_n], grad_a.to(d_a.dtype))
     d_up.store([off_m, off_n], grad_up.to(d_up.dtype))
-    d_a_low.store([off_m, off_n], grad_a.to(d_a_low.dtype))
-    d_up_low.store([off_m, off_n], grad_up.to(d_up_low.dtype))
+    if LOW_COPY:
+        d_a_low.store([off_m, off_n], grad_a.to(d_a_low.dtype))
+        d_up_low.store([off_m, off_n], grad_up.to(d_up_low.dtype))
 
 
 @triton.jit
@@ -158,6 +163,7 @@ def dh_swiglu_kernel(
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
     FLATTEN: tl.constexpr,  # pipeline across the tiles of a persistent program
     GATHERED: tl.constexpr,  # g is gather_kernel's copy of the T rows (a descriptor); else grad_output itself
+    LOW_COPY: tl.constexpr,  # also store d_a and d_up in bf16, for Triton's dx (not for the Gluon dx, which reads fp16)
 ):  # fmt: skip
     """dh = diag(w) (g @ w2) with the SwiGLU backward fused into the epilogue.
 
@@ -168,7 +174,8 @@ def dh_swiglu_kernel(
     runs 2 us (T = 64) to 46 us (T = 2048) slower than with both operands by TMA. The (T, F) activations are
     pointers. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]: d_a and
     d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past column F is
-    clipped there rather than spilling into the other half) and the same values in bf16 for dx.
+    clipped there rather than spilling into the other half) and, with LOW_COPY, the same values in bf16 for
+    Triton's dx.
 
     Tiles are numbered token-tile fastest, so the programs that read one column block of w2 run together and
     each byte of w2 comes from HBM once. Three fp32 activation tiles beside the accumulator overflow the
@@ -196,14 +203,14 @@ def dh_swiglu_kernel(
         # fmt: off
         if EPILOGUE_SPLIT == 1:
             _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N, LOW_COPY)
         elif EPILOGUE_SPLIT == 2:
             half: tl.constexpr = BLOCK_N // 2
             left, right = _halves(dh, BLOCK_M, BLOCK_N)
             _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
             _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
         else:
             half: tl.constexpr = BLOCK_N // 2
             quarter: tl.constexpr = BLOCK_N // 4
@@ -211,13 +218,13 @@ def dh_swiglu_kernel(
             q0, q1 = _halves(left, BLOCK_M, half)
             q2, q3 = _halves(right, BLOCK_M, half)
             _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
             _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
             _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
             _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter)
+                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
         # fmt: on
 
 

@@ -1,5 +1,6 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
-launches of kernels.py (and, for large T, of the warp-specialised Gluon dh in dh_warp_specialized.py).
+launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
+for large T, dx in dx_warp_specialized.py at 128 < T <= 256).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -21,6 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTen
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .dh_warp_specialized import dh_swiglu_ws_kernel
+from .dx_warp_specialized import dx_ws_kernel
 from .kernels import (
     dh_swiglu_kernel,
     dx_kernel,
@@ -99,9 +101,15 @@ class Plan:
     # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
     # v12); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
+    # dx as the warp-specialised Gluon kernel, one launch over K = 2F that reads the fp16 dd and rounds it to bf16 in
+    # registers (GPU only; `dx` gives its tile, block_k dividing F into an even number of steps per split): dh then
+    # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
+    dx_warp_specialized: bool = False
     # Where zero_unselected and routing_x16 run on the side stream. "first": both ahead of grad_w2, beside dh.
     # "zeros_after_grad_w2": x16 first, the zeros right behind grad_w2 (grad_w2 starts earlier, the zeros run beside
-    # grad_w1/grad_w3; same-process A/B against "first": T = 196-256 -0.5 to -7.7 us, the most at B = 4096).
+    # grad_w1/grad_w3; same-process A/B against "first", means of three: T = 196-256 -0.5 to -7.7 us, the most at
+    # B = 4096; again with benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at
+    # T = 256 with B = 4096 / 2053 / 2048 / 512).
     # "after_dh": both once dh is done, beside dx (grad_w2 starts beside dh as soon as ge is written; T = 296 -4.6 us,
     # 336 -5.7 against "first"). In the Gluon buckets, with "first", x16 keeps grad_w2 from taking the SMs before the
     # persistent dh: the others are slower there (docs/performance.md, v13).
@@ -146,15 +154,18 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
               dx_on_side=(True, False), scatter_on_side=True, dh_gathers_rows=True)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4, dh_gathers_rows=True)),
-    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, Tile(128, 128, 64, 4, 6), 2, dh_gathers_rows=True,
-               side_prologue="zeros_after_grad_w2")),
+    # dx as the Gluon kernel over the fp16 dd, in 128x256 tiles, and no bf16 copy of dd from dh (same-process A/B
+    # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
+    # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
+    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
+               side_prologue="zeros_after_grad_w2", dx_warp_specialized=True)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True, side_prologue="after_dh")),
     # From T = 385 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the Triton
-    # dh, three repetitions: T = 496 -7.6 us, 512 -15, 1024 -45, 2048 -45 to -63). Where a program has fewer tiles
-    # (T = 512: 1.7) the shallower K steps with two activation pieces in flight win; with more, deeper stages.
+    # dh, means of three: T = 496 -7.5 us, 512 -15.1, 1024 -44.7, 2048 -51.8; docs/performance.md, v12). Where a program
+    # has fewer tiles (T = 512: 1.7) the shallower K steps with two activation pieces in flight win; with more, deeper stages.
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                dh_warp_specialized=WarpSpecializedDh(32, 5, 16, 2))),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
@@ -199,6 +210,7 @@ class Problem:
     precise_dtype: torch.dtype
     dx_split: int
     k_step: int  # grad_w2's block_k: the gather shifts ge's last block of that many rows (gather_kernel)
+    low_copy: bool = True  # dd_low, the bf16 copy of dd that Triton's dx reads (None without)
 
     def __post_init__(self) -> None:
         batch, hidden = self.inputs["grad_output"].shape
@@ -213,7 +225,7 @@ class Problem:
         self.x_precise = torch.empty(self.rows, hidden, device=self.device, dtype=self.precise_dtype)
         self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
         self.dd = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
-        self.dd_low = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=operand)
+        self.dd_low = torch.empty_like(self.dd, dtype=operand) if self.low_copy else None
         self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=operand)
 
     def halves(self, dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,13 +264,14 @@ def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
     i = p.inputs
     g = _descriptor(p.g, [t.block_m, t.block_k]) if gathered else i["grad_output"]
     block = [t.block_m, t.block_n // t.epilogue_split]
-    outputs = [_descriptor(half, block) for dd in (p.dd, p.dd_low) for half in p.halves(dd)]
+    outputs = [_descriptor(half, block) for half in p.halves(p.dd)]
+    outputs += [_descriptor(half, block) for half in p.halves(p.dd_low)] if p.low_copy else [None, None]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
     dh_swiglu_kernel[_grid(tiles, t, p.device)](
         g, i["token_indices"], _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
         i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
-        GATHERED=gathered, num_warps=t.num_warps, num_stages=t.num_stages,
+        GATHERED=gathered, LOW_COPY=p.low_copy, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
 
@@ -317,15 +330,34 @@ def grad_w13(p: Problem, t: Tile) -> None:
         _weight_grad(p, t, d_up, p.x_precise, w3)
 
 
-def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1)) -> None:
-    """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials)."""
-    grid = (triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n), p.dx_split)
+def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bool = False) -> None:
+    """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials).
+    Triton's kernel, one launch per half, reads dd_low; the Gluon kernel (warp_specialized) reads dd and takes
+    consecutive halves in one launch."""
+    tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n)
+    if warp_specialized:
+        _dx_warp_specialized(p, t, tiles, halves)
+        return
+    grid = (tiles, p.dx_split)
     for half in halves:
         dd_half, weight = p.halves(p.dd_low)[half], ("w1_weight", "w3_weight")[half]
         dx_kernel[grid](
             _descriptor(dd_half, [t.block_m, t.block_k]), _descriptor(p.inputs[weight], [t.block_k, t.block_n]),
             p.partials, p.tokens, p.hidden, p.ffn // p.dx_split, half * p.dx_split,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+
+def _dx_warp_specialized(p: Problem, t: Tile, tiles: int, halves: Sequence[int]) -> None:
+    if not p.dd.is_cuda:
+        raise ValueError("the warp-specialised dx is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+    dd = _gluon_descriptor(p.dd, [t.block_m, t.block_k])
+    w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight"))
+    runs = [(0, 2)] if list(halves) == [0, 1] else [(half, 1) for half in halves]  # (first half, halves in the launch)
+    for first, count in runs:
+        dx_ws_kernel[(tiles, count * p.dx_split)](
+            dd, w1, w3, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
+            STAGES=t.num_stages, num_warps=t.num_warps,
         )  # fmt: skip
 
 
@@ -354,7 +386,9 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"side_prologue must be one of {get_args(SidePrologue)}, not {plan.side_prologue!r}")
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
-    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k)
+    if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
+        raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
+    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k, not plan.dx_warp_specialized)
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
     # tensor-core work; the plan's side_prologue may put the zeros behind grad_w2, or both once dh is done), then
@@ -391,12 +425,12 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
             routing_x16(p)
         side_operands_ready = _recorded_event(side)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
-    dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
+    dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized)
     scatter_on_side = side is not None and plan.scatter_on_side
     caller_dx_done = _recorded_event(caller) if scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
-            dx(p, plan.dx, on_side)
+            dx(p, plan.dx, on_side, plan.dx_warp_specialized)
     if scatter_on_side:
         with _after(side, caller_dx_done):  # the routing sums are ordered before it on the side stream already
             scatter(p)
@@ -458,10 +492,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the eight kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the nine kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        dx_kernel, scatter_kernel,
+        dx_kernel, dx_ws_kernel, scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())

@@ -1,0 +1,141 @@
+"""dx = [d_a | d_up] @ [w1; w3] as a warp-specialised Gluon kernel (Hopper) that reads dd in fp16 (the plans use it at
+128 < T <= 256).
+
+Triton's `dx_kernel` (kernels.py) needs a bf16 copy of dd, which the dh epilogue writes beside the fp16 dd that the
+weight gradients read: two more (T, F) stores per tile. Converting the fp16 tile to bf16 in registers before
+tl.dot gave wrong sums that changed from run to run in Triton 3.6 (docs/performance.md); this kernel does that
+conversion itself and feeds the tensor cores from registers (wgmma with A in registers, B in shared memory):
+
+- one loader warp streams the K steps' blocks by TMA into a ring of STAGES shared-memory stages: dd[rows, k] (fp16,
+  one (ROWS, 2F) descriptor, so K runs over all 2F columns) and the matching weight block, w1[k] for k < F and
+  w3[k - F] after, so dx is one GEMM of K = 2F over both weights without concatenating them;
+- the default partition (num_warps warps: 8 for a 128 x 256 tile, two warpgroups of 64 x 256 wgmma) loads each dd
+  block from shared memory into registers, rounds it to bf16 and issues its wgmma, with one wgmma in flight while
+  the next is issued.
+
+A wgmma reads its A registers until it completes, and a loop rewrites the same registers on every pass: with one
+register set for A, a step's load overwrote the registers that the previous step's wgmma, still in flight, was
+reading (wrong sums that varied from run to run on the H200, as Triton's kernel gave: probably the same hazard).
+So the loop takes the K steps in pairs with one register set each: a step reloads a set only after the wait that
+completes the wgmma two steps back (an odd last step takes the first set).
+
+Split-K as in Triton's kernel: axis 1 of the grid takes K_PER_SPLIT columns of the 2F (whole K steps, none
+straddling F) into partial FIRST_SPLIT + axis 1, each stored rounded to the partials' dtype (bf16), and
+scatter_kernel adds the partials in a fixed order. Rows of dd past T may hold anything: they reach only rows of
+the partials past T, which are not stored.
+
+Precision: dd's fp16 values (rounded once from the fp32 SwiGLU backward) are rounded to bf16, the operand dtype of
+dx that the tolerance admits (SPEC section 4); the product accumulates in fp32. bf16(fp16(x)) can differ from the
+bf16(x) of the copy by one unit of the last place, where the first rounding lands x on a bf16 tie, and keeps fewer
+bits below fp16's normal range (2^-14): the weight gradients read the same fp16 values.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+
+@gluon.jit
+def _load_operands(dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F, K_PER_SPLIT, FIRST_SPLIT):
+    """Loader partition: the (dd, weight) blocks of this program's K steps, into stage step % STAGES once the products
+    have released it (`empty`); `ready` counts their bytes in."""
+    BLOCK_M: gl.constexpr = dd_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = dd_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w1_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    num_m = gl.cdiv(T, BLOCK_M)
+    off_m = (gl.program_id(0) % num_m) * BLOCK_M
+    off_n = (gl.program_id(0) // num_m) * BLOCK_N
+    k_first = (FIRST_SPLIT + gl.program_id(1)) * K_PER_SPLIT
+    for step in range(K_PER_SPLIT // BLOCK_K):
+        s = step % STAGES
+        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        k = k_first + step * BLOCK_K
+        bar = ready.index(s)
+        mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(dd_desc, [off_m, k], bar, a_bufs.index(s))
+        if k < F:
+            tma.async_copy_global_to_shared(w1_desc, [k, off_n], bar, b_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(w3_desc, [k - F, off_n], bar, b_bufs.index(s))
+
+
+@gluon.jit
+def _issue_step(a_bufs, b_bufs, ready, acc, step, a_layout: gl.constexpr):
+    """Wait for step's stage, load its dd block into registers as bf16 and issue its wgmma (asynchronous)."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    s = step % STAGES
+    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    a = a_bufs.index(s).load(a_layout).to(gl.bfloat16)
+    return warpgroup_mma(a, b_bufs.index(s), acc, is_async=True), a
+
+
+@gluon.jit
+def _products(a_bufs, b_bufs, ready, empty, partials, T, H, K_PER_SPLIT, FIRST_SPLIT, num_warps: gl.constexpr):
+    """Default partition: acc = bf16(dd block) @ weight block over the K steps, two steps per pass (A register sets
+    a0 and a1), then the tile's rows below T into its partial."""
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    steps = K_PER_SPLIT // BLOCK_K
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+    # Each wait names both register sets, so neither is free for reuse before the wait that completes its wgmma: after
+    # a wait one wgmma is left in flight, and it reads the set just loaded.
+    a1 = gl.zeros((BLOCK_M, BLOCK_K), dtype=gl.bfloat16, layout=a_layout)
+    for step in range(0, steps - 1, 2):
+        acc, a0 = _issue_step(a_bufs, b_bufs, ready, acc, step, a_layout)
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0, a1))
+        if step > 0:  # the previous pass's second wgmma is done with a1 and its stage
+            mbarrier.arrive(empty.index((step - 1) % STAGES), count=1)
+        acc, a1 = _issue_step(a_bufs, b_bufs, ready, acc, step + 1, a_layout)
+        acc, a1, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1, a0))
+        mbarrier.arrive(empty.index(step % STAGES), count=1)  # this pass's first wgmma is done with a0 and its stage
+    if steps % 2 == 1:
+        acc, a0 = _issue_step(a_bufs, b_bufs, ready, acc, steps - 1, a_layout)
+        acc, a0, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0, a1))
+        if steps > 1:
+            mbarrier.arrive(empty.index((steps - 2) % STAGES), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(empty.index((steps - 1) % STAGES), count=1)
+    num_m = gl.cdiv(T, BLOCK_M)
+    rows = (gl.program_id(0) % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+    cols = (gl.program_id(0) // num_m) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+    out = partials + ((FIRST_SPLIT + gl.program_id(1)) * T + rows)[:, None] * H + cols[None, :]
+    gl.store(out, acc.to(partials.dtype.element_ty), mask=(rows < T)[:, None] & (cols < H)[None, :])
+
+
+@gluon.jit(do_not_specialize=["T", "FIRST_SPLIT"])
+def dx_ws_kernel(
+    dd_desc, w1_desc, w3_desc, partials,
+    T, H, F, K_PER_SPLIT, FIRST_SPLIT,
+    STAGES: gl.constexpr,  # shared-memory stages of (dd, weight) blocks: [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]
+    num_warps: gl.constexpr,  # the product warps: 8 for two warpgroups of 64 rows
+):  # fmt: skip
+    """partials[FIRST_SPLIT + s] = bf16(dd[:, Ks]) @ [w1; w3][Ks] for the s-th slice Ks of K_PER_SPLIT of the 2F
+    columns (axis 1 of the grid), one (BLOCK_M, BLOCK_N) tile of the (T, H) partial per program (axis 0, token
+    tile fastest). dd_desc is the fp16 (ROWS, 2F) dd, w1_desc and w3_desc the bf16 (F, H) weights.
+
+    Shared memory: STAGES x (16 + 32) KB at 128 x 256 x 64: 4 stages take 192 KB.
+    """
+    a_bufs = gl.allocate_shared_memory(dd_desc.dtype, [STAGES] + dd_desc.block_type.shape, dd_desc.layout)
+    b_bufs = gl.allocate_shared_memory(w1_desc.dtype, [STAGES] + w1_desc.block_type.shape, w1_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize(
+        [
+            (_products, (a_bufs, b_bufs, ready, empty, partials, T, H, K_PER_SPLIT, FIRST_SPLIT, num_warps)),
+            (_load_operands, (dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F, K_PER_SPLIT, FIRST_SPLIT)),
+        ],
+        [1],  # the loader warp
+        [24],  # its registers: it needs few
+    )  # fmt: skip
