@@ -102,7 +102,7 @@ class Plan:
     # v12); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
     # dx as the warp-specialised Gluon kernel, one launch over K = 2F that reads the fp16 dd and rounds it to bf16 in
-    # registers (GPU only; `dx` gives its tile, block_k dividing F into an even number of steps per split): dh then
+    # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
     # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
     dx_warp_specialized: bool = False
     # Where zero_unselected and routing_x16 run on the side stream. "first": both ahead of grad_w2, beside dh.
