@@ -158,6 +158,19 @@ def test_gather_pads_g_and_shifts_ge_to_the_last_k_step(interpreted) -> None:
     assert torch.equal(p.ge[:16], ge[:16]) and bool((p.ge[16:29] == 0).all()) and torch.equal(p.ge[29:32], ge[16:19])
 
 
+@pytest.mark.parametrize("gluon", [False, True])
+def test_tma_descriptors_refuse_misaligned_tensors(interpreted, gluon: bool) -> None:
+    """A row stride of 14 bytes, or a base 2 bytes past an aligned one, cannot be a TMA operand: both kinds of
+    descriptor say so; an aligned tensor gets its descriptor."""
+    describe = interpreted._gluon_descriptor if gluon else interpreted._descriptor
+    rows_of_14_bytes = torch.zeros(8, 7, dtype=torch.float16)
+    shifted_base = torch.zeros(9, 8, dtype=torch.float16).view(-1)[1:65].view(8, 8)
+    for tensor in (rows_of_14_bytes, shifted_base):
+        with pytest.raises(ValueError, match="TMA needs 16-byte aligned bases and row strides"):
+            describe(tensor, [8, 8])
+    assert describe(torch.zeros(8, 8, dtype=torch.float16), [8, 8]).block_shape == [8, 8]
+
+
 def test_unselected_rows_are_written_as_zeros(interpreted) -> None:
     dims = Dims(50, 33, 64, 64)
     outputs, _ = run_interpreted(interpreted, dims, torch.float32, torch.float32)

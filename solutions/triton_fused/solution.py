@@ -189,9 +189,13 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _descriptor(tensor: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+def _check_tma_alignment(tensor: torch.Tensor) -> None:
     if tensor.data_ptr() % 16 or any(stride * tensor.element_size() % 16 for stride in tensor.stride()[:-1]):
         raise ValueError(f"TMA needs 16-byte aligned bases and row strides; got a tensor of shape {tuple(tensor.shape)}")
+
+
+def _descriptor(tensor: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+    _check_tma_alignment(tensor)
     return TensorDescriptor.from_tensor(tensor, block_shape)
 
 
@@ -276,7 +280,7 @@ def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
 
 
 def _gluon_descriptor(tensor: torch.Tensor, block_shape: list[int]) -> GluonTensorDescriptor:
-    _descriptor(tensor, block_shape)  # the same alignment check
+    _check_tma_alignment(tensor)
     dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[tensor.dtype]
     return GluonTensorDescriptor.from_tensor(tensor, block_shape, gl.NVMMASharedLayout.get_default_for(block_shape, dtype))
 
