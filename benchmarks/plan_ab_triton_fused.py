@@ -5,7 +5,7 @@
 
 A variant is `name: field=value; field=value`, fields of solution.Plan and Python literals for their values
 (`dx_on_side=(False, True)`; a tuple for a tile gives Tile(*tuple), for dh_warp_specialized WarpSpecializedDh(*tuple),
-and None turns the latter off).
+for grad_w13_warp_specialized WarpSpecializedWeightGrad(*tuple), and None turns the last two off).
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
@@ -42,7 +42,11 @@ def parse_variant(text: str, module) -> tuple[str, dict]:
     if not assignments.strip():
         raise SystemExit(f"variant {text!r}: expected 'name: field=value; ...'")
     plan_fields = {field.name: field.type for field in dataclasses.fields(module.Plan)}
-    from_tuple = {"Tile": module.Tile, "WarpSpecializedDh | None": module.WarpSpecializedDh}
+    from_tuple = {
+        "Tile": module.Tile,
+        "WarpSpecializedDh | None": module.WarpSpecializedDh,
+        "WarpSpecializedWeightGrad | None": module.WarpSpecializedWeightGrad,
+    }
     changes = {}
     for assignment in assignments.split(";"):
         field, _, value = (part.strip() for part in assignment.partition("="))

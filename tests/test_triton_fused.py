@@ -214,6 +214,13 @@ def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> N
                         plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh, dh_gathers_rows=True))  # fmt: skip
 
 
+def test_warp_specialized_weight_gradient_needs_a_gpu_and_a_tail_of_16_or_32(interpreted) -> None:
+    for tail, message in ((32, "Triton's CPU interpreter cannot run it"), (8, "tail must be 16 or 32 rows, not 8")):
+        plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=interpreted.WarpSpecializedWeightGrad(4, tail))
+        with pytest.raises(ValueError, match=message):
+            run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
 def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
     """The Gluon dx has no CPU interpreter, and the Gluon dh writes the bf16 copy of dd that only Triton's dx reads:
     plans that ask otherwise fail clearly."""
@@ -347,6 +354,35 @@ def test_stream_layouts_give_the_same_bits() -> None:
         results.append([out.clone() for out in outputs])
     for spec, *versions in zip(OUTPUTS, *results):
         assert all(torch.equal(version, versions[0]) for version in versions[1:]), spec.name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail", [16, 32])
+@pytest.mark.parametrize(
+    "dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2053, 256), Dims(64, 20), Dims(512, 64), Dims(700, 200, 512, 320)],
+    ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}",
+)  # fmt: skip
+def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, tail: int) -> None:
+    """The Gluon grad_w1/grad_w3 gives Triton's bits: the same products in the same order, its short last step leaving
+    out only zero rows. T = 196 (4 tokens past 192), 215 (23: a short step with tail 32 only), 240 (48: whole steps),
+    256, 20 (the short step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
+    run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    plan = module.plan_for(256)
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+    p = module.Problem(inputs, outputs, torch.float16, 1, plan.grad_w2.block_k, False)
+    module.gather(p)
+    module.routing_x16(p)
+    module.dh_swiglu(p, plan.dh)
+    names = ("grad_w1_weight", "grad_w3_weight")
+    module.grad_w13(p, plan.grad_w13)
+    expected = [outputs[name].clone() for name in names]
+    for name in names:
+        outputs[name].fill_(float("nan"))
+    module.grad_w13(p, plan.grad_w13, module.WarpSpecializedWeightGrad(4, tail))
+    for name, want in zip(names, expected):
+        assert torch.equal(outputs[name], want), name
 
 
 @pytest.mark.gpu

@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 
 @gluon.jit
-def _split_columns(x, PIECES: gl.constexpr):
+def split_columns(x, PIECES: gl.constexpr):
     """The PIECES column blocks of x, left to right (PIECES a power of two)."""
     xs = (x,)
     for _ in gl.static_range(PIECES.bit_length() - 1):
@@ -102,7 +102,7 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
         rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
         dh = acc * gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)[:, None]
         mbarrier.wait(dh_free, (j & 1) ^ 1)
-        pieces = _split_columns(dh, PIECES)
+        pieces = split_columns(dh, PIECES)
         for i in gl.static_range(PIECES):
             handoff.index(i).store(pieces[i].to(handoff.dtype))
         mbarrier.arrive(dh_ready, count=1)

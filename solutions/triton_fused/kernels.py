@@ -9,7 +9,9 @@ streams. On the caller's stream:
                             in fp16 (for the weight gradients, and for dx where it is the Gluon kernel) and, where
                             dx is dx_kernel, once more in bf16; from T = 385 the warp-specialised Gluon kernel of
                             dh_warp_specialized.py takes its place
-- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows
+- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows; at
+                            128 < T <= 256 the warp-specialised Gluon kernel of weight_grad_warp_specialized.py
+                            takes its place (a short last K step)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
                             their entries of grad_routing_weights
 

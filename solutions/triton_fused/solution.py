@@ -1,6 +1,6 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
-for large T, dx in dx_warp_specialized.py at 128 < T <= 256).
+for large T, dx in dx_warp_specialized.py and grad_w1/grad_w3 in weight_grad_warp_specialized.py at 128 < T <= 256).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -32,6 +32,7 @@ from .kernels import (
     weight_grad_kernel,
     zero_unselected_kernel,
 )
+from .weight_grad_warp_specialized import weight_grad_ws_kernel
 
 # The destination-passing calling convention of the problem: 12 inputs, then 5 outputs, in this order.
 INPUT_NAMES = (
@@ -45,7 +46,9 @@ ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routi
 # tile's block_m and block_k, so that no GEMM operand block of them reaches past their end (weight_grad_kernel).
 ROW_PAD = 128
 ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
-WS_BLOCK_M, WS_BLOCK_N = 128, 256  # the warp-specialised dh's tile (two warpgroups of 64 x 256 wgmma)
+WS_BLOCK_M, WS_BLOCK_N = 128, 256  # the warp-specialised dh's and weight gradient's tile (two warpgroups of 64 x 256 wgmma)
+WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
+WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,15 @@ class WarpSpecializedDh:
     stages: int  # operand stages in shared memory
     act_width: int  # ffn columns per epilogue piece
     act_buffers: int  # epilogue pieces whose activations are in flight
+
+
+@dataclass(frozen=True)
+class WarpSpecializedWeightGrad:
+    """The Gluon grad_w1/grad_w3's configuration (tiles of 128 rows of 2F x 256 columns of H, K steps of 64 tokens,
+    8 product warps; weight_grad_warp_specialized.py)."""
+
+    stages: int  # operand stages in shared memory
+    tail: int  # 16 or 32: a last K step of at most this many tokens is a step of this many rows, not of 64
 
 
 SidePrologue = Literal["first", "zeros_after_grad_w2", "after_dh"]
@@ -105,6 +117,9 @@ class Plan:
     # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
     # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
     dx_warp_specialized: bool = False
+    # grad_w1/grad_w3 as the warp-specialised Gluon kernel, whose last K step may be short (GPU only; `grad_w13` is then
+    # unused): a T a few tokens past a multiple of 64 pays for those tokens rather than for a whole step.
+    grad_w13_warp_specialized: WarpSpecializedWeightGrad | None = None
     # Where zero_unselected and routing_x16 run on the side stream. "first": both ahead of grad_w2, beside dh.
     # "zeros_after_grad_w2": x16 first, the zeros right behind grad_w2 (grad_w2 starts earlier, the zeros run beside
     # grad_w1/grad_w3; same-process A/B against "first", means of three: T = 196-256 -0.5 to -7.7 us, the most at
@@ -157,8 +172,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dx as the Gluon kernel over the fp16 dd, in 128x256 tiles, and no bf16 copy of dd from dh (same-process A/B
     # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
     # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
+    # grad_w1/grad_w3 as the Gluon kernel with a last step of up to 32 tokens (A/B against Triton's kernel, means of
+    # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4; at T = 296 and 336 the
+    # Gluon kernel with a tail of 16 is +7.1 and -5.7, so the 384 bucket keeps Triton's: v17).
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
-               side_prologue="zeros_after_grad_w2", dx_warp_specialized=True)),
+               side_prologue="zeros_after_grad_w2", dx_warp_specialized=True,
+               grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
@@ -322,16 +341,37 @@ def grad_w2(p: Problem, t: Tile) -> None:
     _weight_grad(p, t, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
 
 
-def grad_w13(p: Problem, t: Tile) -> None:
+def grad_w13(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | None = None) -> None:
     """One launch over the 2F rows of [grad_w1; grad_w3] when F is a multiple of the tile's rows (no tile then
-    straddles the two outputs), else one launch per weight."""
+    straddles the two outputs), else one launch per weight; by Triton's kernel in tile t, or by the Gluon kernel."""
     w1, w3 = p.outputs["grad_w1_weight"], p.outputs["grad_w3_weight"]
-    if p.ffn % t.block_m == 0:
-        _weight_grad(p, t, p.dd, p.x_precise, w1, w3)
+    launch = functools.partial(_weight_grad, p, t) if warp_specialized is None else functools.partial(
+        _weight_grad_warp_specialized, p, warp_specialized)
+    if p.ffn % (t.block_m if warp_specialized is None else WS_BLOCK_M) == 0:
+        launch(p.dd, p.x_precise, w1, w3)
     else:
         d_a, d_up = p.halves(p.dd)
-        _weight_grad(p, t, d_a, p.x_precise, w1)
-        _weight_grad(p, t, d_up, p.x_precise, w3)
+        launch(d_a, p.x_precise, w1)
+        launch(d_up, p.x_precise, w3)
+
+
+def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: torch.Tensor, b: torch.Tensor,
+                                  c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:  # fmt: skip
+    """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of w.tail rows where at most
+    that many tokens are left (the rows past T are zeros in both operands, padded to ROW_PAD)."""
+    if not a.is_cuda:
+        raise ValueError("the warp-specialised weight gradient is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+    left = p.tokens % WS_BLOCK_K
+    full_steps, tail_steps = (p.tokens // WS_BLOCK_K, 1) if 0 < left <= w.tail else (triton.cdiv(p.tokens, WS_BLOCK_K), 0)
+    m, n = a.shape[1], b.shape[1]
+    tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
+    store = [WS_BLOCK_M, WS_STORE_WIDTH]
+    weight_grad_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
+        _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
+        _gluon_descriptor(a, [w.tail, WS_BLOCK_M]), _gluon_descriptor(b, [w.tail, WS_BLOCK_N]),
+        _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
+        m, n, m if c_high is None else c.shape[0], full_steps, tail_steps, STAGES=w.stages, num_warps=8,
+    )  # fmt: skip
 
 
 def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bool = False) -> None:
@@ -390,6 +430,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"side_prologue must be one of {get_args(SidePrologue)}, not {plan.side_prologue!r}")
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
+    if plan.grad_w13_warp_specialized is not None and plan.grad_w13_warp_specialized.tail not in (16, 32):
+        raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {plan.grad_w13_warp_specialized.tail}")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k, not plan.dx_warp_specialized)
@@ -440,11 +482,11 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
             scatter(p)
     if side is not None and plan.grad_w13_on_side:
         with _after(side, dh_done):  # x16 is ordered before it on the side stream already
-            grad_w13(p, plan.grad_w13)
+            grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
     else:
         if side_operands_ready is not None:
             caller.wait_event(side_operands_ready)
-        grad_w13(p, plan.grad_w13)
+        grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
     if side is not None:
         caller.wait_stream(side)
     if not scatter_on_side:
@@ -496,10 +538,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the nine kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the ten kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        dx_kernel, dx_ws_kernel, scatter_kernel,
+        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())

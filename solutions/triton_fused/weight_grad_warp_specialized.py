@@ -1,0 +1,186 @@
+"""[grad_w1; grad_w3] = [d_a | d_up]^T @ x16 as a warp-specialised Gluon kernel (Hopper), with a short last K step (the
+plans use it at 128 < T <= 256).
+
+Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
+multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
+against 109 at T = 192 (docs/performance.md, v16). A smaller last step inside Triton's pipelined loop costs more than
+it saves (its loads are multi-buffered like the others). Here the loads are the kernel's own:
+
+- one loader warp streams each tile's K steps by TMA into a ring of STAGES shared-memory stages, across tile
+  boundaries: dd[k rows, tile's 128 columns] (fp16, one (ROWS, 2F) descriptor) and x16[k rows, tile's 256 columns];
+  a last step of at most TAIL rows comes through descriptors of TAIL-row blocks into the first TAIL rows of a stage;
+- the default partition (8 warps, two warpgroups of 64 x 256 wgmma) accumulates the tile in fp32 with dd's block read
+  transposed from shared memory, one wgmma in flight while the next is issued, and stores the tile before it in bf16
+  while its own first two wgmma run: half the columns to shared memory and out by TMA under each.
+
+The tile is 128 rows of the 2F x 256 columns of H; program p takes tiles p, p + programs, ... row by row of tiles
+(the column tile fastest), one program per SM. Rows [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3
+through c_high_desc (F a multiple of 128). Shared memory: STAGES x (16 + 32) KB of operands and 32 KB of staging
+(half a tile): 4 stages take 224 KB; with 3 the kernel is 11% slower at T = 256.
+
+Rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to whole steps), so the sums
+are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the same order, with the tail's
+16-row chunks of the padded step left out. Precision: as in Triton's kernel (SPEC section 4): fp16 operands exact or
+rounded once, fp32 accumulation, one rounding to bf16.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .dh_warp_specialized import split_columns
+
+
+@gluon.jit
+def _tile_origin(tile, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile number -> (first row, first column) of the output, row by row of tiles."""
+    num_n = gl.cdiv(N, BLOCK_N)
+    return (tile // num_n) * BLOCK_M, (tile % num_n) * BLOCK_N
+
+
+@gluon.jit
+def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, FULL_STEPS, TAIL_STEPS):
+    """Loader partition: each tile's FULL_STEPS whole K steps, then its TAIL_STEPS (0 or 1) short one, into stage
+    step % STAGES once the products have released it (`empty`); `ready` counts the bytes in."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    k_steps = FULL_STEPS + TAIL_STEPS
+    total = gl.cdiv(gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) - gl.program_id(0), gl.num_programs(0)) * k_steps
+    for step in range(total):
+        s = step % STAGES
+        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        off_m, off_n = _tile_origin(gl.program_id(0) + (step // k_steps) * gl.num_programs(0), N, BLOCK_M, BLOCK_N)
+        kk = step % k_steps
+        bar = ready.index(s)
+        if kk < FULL_STEPS:
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s))
+        else:
+            mbarrier.expect(bar, a_tail_desc.block_type.nbytes + b_tail_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s).slice(0, TAIL))
+            tma.async_copy_global_to_shared(b_tail_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s).slice(0, TAIL))
+
+
+@gluon.jit
+def _store_half(result, staging, c_desc, c_high_desc, off_m, off_n, HIGH_FROM, HALF: gl.constexpr):
+    """Column half HALF (0 or 1) of a finished tile in bf16: through the staging pieces to shared memory, then out by
+    TMA (asynchronous: the next call waits for it to have left shared memory)."""
+    PIECES: gl.constexpr = staging.shape[0]
+    WIDTH: gl.constexpr = staging.shape[2]
+    tma.store_wait(0)
+    gl.thread_barrier()  # no warp writes the staging buffers before the store that read them is done
+    pieces = split_columns(result, 2 * PIECES)
+    for i in gl.static_range(PIECES):
+        staging.index(i).store(pieces[HALF * PIECES + i])
+    fence_async_shared()
+    gl.thread_barrier()
+    if off_m < HIGH_FROM:
+        for i in gl.static_range(PIECES):
+            tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (HALF * PIECES + i) * WIDTH], staging.index(i))
+    else:
+        for i in gl.static_range(PIECES):
+            tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (HALF * PIECES + i) * WIDTH],
+                                            staging.index(i))  # fmt: skip
+
+
+@gluon.jit
+def _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, j, kk, k_steps):
+    """The tile before this program's j-th, in halves: the first after this tile's first wgmma is issued, the second
+    after its second (both after the first where the tile has one K step)."""
+    if j > 0:
+        if kk == 0:
+            _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 0)
+        if kk == gl.minimum(1, k_steps - 1):
+            _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 1)
+
+
+@gluon.jit
+def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS,
+              TAIL: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """Default partition: each tile's acc = dd block^T @ x16 block over its K steps (a short last one of TAIL rows
+    where TAIL_STEPS = 1), the tile before stored under the first two wgmma, the last tile after the loop."""
+    BLOCK_M: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    k_steps = FULL_STEPS + TAIL_STEPS
+    my_tiles = gl.cdiv(gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
+    step = 0
+    previous = gl.zeros((BLOCK_M, BLOCK_N), dtype=staging.dtype, layout=mma_layout)
+    prev_m = 0
+    prev_n = 0
+    for j in range(my_tiles):
+        off_m, off_n = _tile_origin(gl.program_id(0) + j * gl.num_programs(0), N, BLOCK_M, BLOCK_N)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for kk in range(k_steps):
+            s = step % STAGES
+            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            # An in-flight wgmma cannot leave an if, so each branch issues, stores and waits.
+            if kk < FULL_STEPS:
+                acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+                _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, j, kk, k_steps)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            else:
+                acc = warpgroup_mma(a_bufs.index(s).slice(0, TAIL).permute((1, 0)), b_bufs.index(s).slice(0, TAIL), acc,
+                                    use_acc=kk > 0, is_async=True)  # fmt: skip
+                _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, j, kk, k_steps)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if kk > 0:  # the wgmma of the step before is done with its stage
+                mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+            step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+        previous = acc.to(staging.dtype)
+        prev_m = off_m
+        prev_n = off_n
+    if my_tiles > 0:
+        _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 0)
+        _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 1)
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["FULL_STEPS", "TAIL_STEPS"])
+def weight_grad_ws_kernel(
+    a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc,
+    M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS,
+    STAGES: gl.constexpr,  # shared-memory stages of (dd, x16) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
+    num_warps: gl.constexpr,  # the product warps: 8 for two warpgroups of 64 rows
+):  # fmt: skip
+    """[c; c_high] (M = 2F rows, split at HIGH_FROM) = A^T @ B over FULL_STEPS K steps of BLOCK_K rows and TAIL_STEPS
+    (0 or 1) of TAIL rows. a_desc and b_desc are the fp16 (ROWS, M) dd and (ROWS, N) x16 in [BLOCK_K, BLOCK_M] and
+    [BLOCK_K, BLOCK_N] blocks, a_tail_desc and b_tail_desc the same tensors in [TAIL, .] blocks, c_desc and c_high_desc
+    the bf16 outputs in [BLOCK_M, WIDTH] pieces (BLOCK_N / WIDTH of them a tile, half of them staged at a time)."""
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
+    WIDTH: gl.constexpr = c_desc.block_type.shape[1]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    staging = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize(
+        [
+            (_products, (a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,
+                         TAIL_STEPS, a_tail_desc.block_type.shape[0], num_warps)),
+            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, FULL_STEPS,
+                              TAIL_STEPS)),
+        ],
+        [1],  # the loader warp
+        [24],  # its registers: it needs few
+    )  # fmt: skip
