@@ -30,18 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-
-@gluon.jit
-def split_columns(x, PIECES: gl.constexpr):
-    """The PIECES column blocks of x, left to right (PIECES a power of two)."""
-    xs = (x,)
-    for _ in gl.static_range(PIECES.bit_length() - 1):
-        parts = ()
-        for j in gl.static_range(len(xs)):
-            y = xs[j]
-            parts += y.reshape(y.shape[0], 2, y.shape[1] // 2).permute(0, 2, 1).split()
-        xs = parts
-    return xs
+from .gluon_common import operand_ring, split_columns
 
 
 @gluon.jit
@@ -190,22 +179,16 @@ def dh_swiglu_ws_kernel(
     BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
     WIDTH: gl.constexpr = a_desc.block_type.shape[1]
-    g_bufs = gl.allocate_shared_memory(g_desc.dtype, [STAGES] + g_desc.block_type.shape, g_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w2_desc.dtype, [STAGES] + w2_desc.block_type.shape, w2_desc.layout)
+    g_bufs, w_bufs, ready, empty = operand_ring(g_desc, w2_desc, STAGES)
     handoff = gl.allocate_shared_memory(
         gl.float16, [BLOCK_N // WIDTH, BLOCK_M, WIDTH], gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     )
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [ACT_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
     up_bufs = gl.allocate_shared_memory(up_desc.dtype, [ACT_BUFFERS] + up_desc.block_type.shape, up_desc.layout)
     gate_bufs = gl.allocate_shared_memory(gate_desc.dtype, [ACT_BUFFERS] + gate_desc.block_type.shape, gate_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     act_ready = gl.allocate_shared_memory(gl.int64, [ACT_BUFFERS, 1], mbarrier.MBarrierLayout())
     dh_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dh_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(ACT_BUFFERS):
         mbarrier.init(act_ready.index(i), count=1)
     mbarrier.init(dh_ready, count=1)

@@ -36,6 +36,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from .gluon_common import operand_ring
+
 
 @gluon.jit
 def _load_operands(dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F, K_PER_SPLIT, FIRST_SPLIT):
@@ -124,13 +126,7 @@ def dx_ws_kernel(
 
     Shared memory: STAGES x (16 + 32) KB at 128 x 256 x 64: 4 stages take 192 KB.
     """
-    a_bufs = gl.allocate_shared_memory(dd_desc.dtype, [STAGES] + dd_desc.block_type.shape, dd_desc.layout)
-    b_bufs = gl.allocate_shared_memory(w1_desc.dtype, [STAGES] + w1_desc.block_type.shape, w1_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    a_bufs, b_bufs, ready, empty = operand_ring(dd_desc, w1_desc, STAGES)
     gl.warp_specialize(
         [
             (_products, (a_bufs, b_bufs, ready, empty, partials, T, H, K_PER_SPLIT, FIRST_SPLIT, num_warps)),

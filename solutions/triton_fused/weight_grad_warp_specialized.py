@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .dh_warp_specialized import split_columns
+from .gluon_common import operand_ring, split_columns
 
 
 @gluon.jit
@@ -166,14 +166,8 @@ def weight_grad_ws_kernel(
     the bf16 outputs in [BLOCK_M, WIDTH] pieces (BLOCK_N / WIDTH of them a tile, half of them staged at a time)."""
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WIDTH: gl.constexpr = c_desc.block_type.shape[1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES)
     staging = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape, c_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize(
         [
             (_products, (a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,

@@ -1,0 +1,36 @@
+"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_warp_specialized.py,
+weight_grad_warp_specialized.py)."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+
+@gluon.jit
+def operand_ring(a_desc, b_desc, STAGES: gl.constexpr):
+    """The loader-to-products ring: STAGES shared-memory stages of one A block and one B block (the descriptors'
+    block shapes and layouts), and per stage a `ready` barrier (the loader's bytes have arrived) and an `empty` one
+    (the products are done with the stage), each completed once per use."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return a_bufs, b_bufs, ready, empty
+
+
+@gluon.jit
+def split_columns(x, PIECES: gl.constexpr):
+    """The PIECES column blocks of x, left to right (PIECES a power of two)."""
+    xs = (x,)
+    for _ in gl.static_range(PIECES.bit_length() - 1):
+        parts = ()
+        for j in gl.static_range(len(xs)):
+            y = xs[j]
+            parts += y.reshape(y.shape[0], 2, y.shape[1] // 2).permute(0, 2, 1).split()
+        xs = parts
+    return xs
