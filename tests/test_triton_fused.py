@@ -22,13 +22,23 @@ from tests.conftest import INTERPRETED
 pytest.importorskip("triton")
 
 
+def solution_module():
+    """The module behind triton_fused's entry point (solution.py, loaded as the harness loads it)."""
+    run = get_solution("triton_fused").load_entry_point()
+    return sys.modules[run.__module__]
+
+
+def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:
+    """The five outputs of one problem, unwritten, on the GPU."""
+    return {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+
+
 @pytest.fixture
 def interpreted():
     """The solution's module with its kernels in Triton's CPU interpreter (tests/conftest.py turns it on)."""
     if not INTERPRETED:
         pytest.skip("needs Triton's CPU interpreter (TRITON_INTERPRET=1, set where no GPU is present)")
-    run = get_solution("triton_fused").load_entry_point()
-    return sys.modules[run.__module__]
+    return solution_module()
 
 
 def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_sm: int = 0):
@@ -265,8 +275,7 @@ def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_each_bucket_compiles_once() -> None:
     """Calls within one T bucket (different T and B) add no compiled variant after the bucket's first call."""
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
+    module = solution_module()
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
         (Dims(1571, 196), Dims(1721, 215), Dims(4096, 256)),
@@ -278,7 +287,7 @@ def test_each_bucket_compiles_once() -> None:
         for dims in bucket:
             inputs = generate_inputs(dims, 0, "cuda")
             outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
-            run(*inputs.values(), *outputs)
+            module.run(*inputs.values(), *outputs)
             counts.append(module.compiled_variants())
         assert counts[0] == counts[1] == counts[2], counts
 
@@ -306,11 +315,10 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
 def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dh writes what Triton's writes, up to the fp16 rounding of dh it hands over, on every row of d_a and d_up
     in both precisions: the padding rows past T as zeros (the weight gradients read them)."""
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
+    module = solution_module()
     plan = module.plan_for(dims.num_tokens)
     inputs = generate_inputs(dims, 0, "cuda")
-    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+    outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, 1, plan.grad_w2.block_k)
     module.gather(p)
     module.dh_swiglu(p, plan.dh)
@@ -331,8 +339,7 @@ def test_stream_layouts_give_the_same_bits() -> None:
     streams, the gather on either stream (Plan.dh_gathers_rows), zero_unselected and routing_x16 first, behind grad_w2
     or after dh (Plan.side_prologue), or all of it on the caller's stream, must give the same bits (a missing wait between
     the streams would read a buffer before it is written)."""
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
+    module = solution_module()
     dims = Dims(2689, 336)
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
@@ -366,11 +373,10 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
     """The Gluon grad_w1/grad_w3 gives Triton's bits: the same products in the same order, its short last step leaving
     out only zero rows. T = 196 (4 tokens past 192), 215 (23: a short step with tail 32 only), 240 (48: whole steps),
     256, 20 (the short step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
+    module = solution_module()
     plan = module.plan_for(256)
     inputs = generate_inputs(dims, 0, "cuda")
-    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+    outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, 1, plan.grad_w2.block_k, False)
     module.gather(p)
     module.routing_x16(p)
@@ -390,12 +396,11 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
 def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dx over the fp16 dd gives Triton's dx over the bf16 copy up to that copy's rounding (bf16 of fp16 of
     x against bf16 of x), as the same bits on every call. F = 320 has an odd number of K steps per split."""
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
+    module = solution_module()
     plan = module.plan_for(dims.num_tokens)
     assert plan.dx_warp_specialized
     inputs = generate_inputs(dims, 0, "cuda")
-    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
+    outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, module.dx_split_for(plan, dims.ffn_dim), plan.grad_w2.block_k)
     assert (dims.ffn_dim // p.dx_split // plan.dx.block_k) % 2 == (dims.ffn_dim == 320)
     module.gather(p)
