@@ -30,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, split_columns
+from .gluon_common import operand_ring, split_columns, wgmma_layout
 
 
 @gluon.jit
@@ -68,9 +68,7 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
     BLOCK_N: gl.constexpr = w_bufs.shape[2]
     STAGES: gl.constexpr = g_bufs.shape[0]
     PIECES: gl.constexpr = handoff.shape[0]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     num_m = gl.cdiv(T, BLOCK_M)
     k_steps = gl.cdiv(H, BLOCK_K)
     my_tiles = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0))

@@ -36,7 +36,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring
+from .gluon_common import operand_ring, wgmma_layout
 
 
 @gluon.jit
@@ -82,9 +82,7 @@ def _products(a_bufs, b_bufs, ready, empty, partials, T, H, K_PER_SPLIT, FIRST_S
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     STAGES: gl.constexpr = a_bufs.shape[0]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     steps = K_PER_SPLIT // BLOCK_K
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)

@@ -23,6 +23,13 @@ def operand_ring(a_desc, b_desc, STAGES: gl.constexpr):
     return a_bufs, b_bufs, ready, empty
 
 
+@gluon.constexpr_function
+def wgmma_layout(block_n, num_warps):
+    """The fp32 accumulator layout of a BLOCK_M x block_n tile whose rows the num_warps product warps share, 16 rows
+    to a warp: one 64-row wgmma of N = block_n per warpgroup and K step of 16."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
+
+
 @gluon.jit
 def split_columns(x, PIECES: gl.constexpr):
     """The PIECES column blocks of x, left to right (PIECES a power of two)."""

@@ -14,14 +14,15 @@ it saves (its loads are multi-buffered like the others). Here the loads are the 
   while its own first two wgmma run: half the columns to shared memory and out by TMA under each.
 
 The tile is 128 rows of the 2F x 256 columns of H; program p takes tiles p, p + programs, ... row by row of tiles
-(the column tile fastest), one program per SM. Rows [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3
-through c_high_desc (F a multiple of 128). Shared memory: STAGES x (16 + 32) KB of operands and 32 KB of staging
-(half a tile): 4 stages take 224 KB; with 3 the kernel is 11% slower at T = 256.
+(the column tile fastest), one program per SM. Where F is a multiple of 128 one launch covers both weights: rows
+[0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one
+launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 32 KB
+of staging (half a tile): 4 stages take 224 KB; with 3 the kernel is 11% slower at T = 256.
 
 Rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to whole steps), so the sums
-are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the same order, with the tail's
-16-row chunks of the padded step left out. Precision: as in Triton's kernel (SPEC section 4): fp16 operands exact or
-rounded once, fp32 accumulation, one rounding to bf16.
+are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the same order, less those of
+the padded step's 16-row chunks past the short step, which hold only zeros. Precision: as in Triton's kernel (SPEC
+section 4): fp16 operands exact or rounded once, fp32 accumulation, one rounding to bf16.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import operand_ring, split_columns
+from .gluon_common import operand_ring, split_columns, wgmma_layout
 
 
 @gluon.jit
@@ -114,9 +115,7 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     STAGES: gl.constexpr = a_bufs.shape[0]
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16]
-    )
+    mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     k_steps = FULL_STEPS + TAIL_STEPS
     my_tiles = gl.cdiv(gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
     step = 0
