@@ -1,4 +1,4 @@
-"""dh with its SwiGLU backward as a warp-specialised Gluon kernel (Hopper), for large T.
+"""dh with its SwiGLU backward as a warp-specialised Gluon kernel (Hopper), from T = 257.
 
 Triton's `dh_swiglu_kernel` (kernels.py) runs its epilogue after its main loop in the same warps: at T = 2048 the
 epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and takes about 130 of the kernel's
@@ -6,17 +6,18 @@ epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and ta
 
 - one loader warp streams the operand blocks of g and w2 by TMA into a ring of STAGES shared-memory stages,
   running ahead of the products across tile boundaries;
-- the default partition, num_warps = 8 warps (two warpgroups of 64 x 256 wgmma), accumulates a 128 x 256 tile of
-  g @ w2 in fp32, multiplies it by the routing weight and hands it over in fp16 through shared memory, then
-  starts on its next tile at once;
+- the default partition, num_warps = 8 warps (two warpgroups of 64 x BLOCK_N wgmma), accumulates a 128 x BLOCK_N
+  tile of g @ w2 in fp32 (BLOCK_N = 256 or 128, the w2 descriptor's block), multiplies it by the routing weight and
+  hands it over in fp16 through shared memory, then starts on its next tile at once;
 - two epilogue warps take the previous tile's dh from the handoff buffer, ACT_WIDTH columns at a time, with the
   three activation blocks of those columns loaded by TMA (ACT_BUFFERS pieces in flight), and store d_a and d_up in
-  fp16 and in bf16 with plain stores.
+  fp16 and, where Triton's dx reads it (LOW_COPY), in bf16, with plain stores.
 
 So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
-launcher uses this kernel only for large T (docs/performance.md, v12). The register file bounds the layout: the
-64 x 256 fp32 accumulator of each product warpgroup needs at least 154 registers per thread, which ptxas grants
-only if the whole kernel has at most 12 warps (8 + 1 + 2, padded to whole warpgroups).
+launcher uses this kernel from T = 257, with 128 x 128 tiles up to T = 512, where a program has 2.5-3.4 of them
+(docs/performance.md, v12 and v18). The register file bounds the layout: the 64 x 256 fp32 accumulator of each
+product warpgroup needs at least 154 registers per thread, which ptxas grants only if the whole kernel has at most
+12 warps (8 + 1 + 2, padded to whole warpgroups).
 
 Precision: as in Triton's kernel (SPEC section 4), with one more rounding: the routing weight multiplies the fp32
 accumulator, and the product is handed over rounded to fp16 (11 significant bits; the path to grad_w1/grad_w3
@@ -116,9 +117,9 @@ def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, ac
 
 @gluon.jit
 def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready,
-                     dd, dd_low, T, F, ROWS):  # fmt: skip
+                     dd, dd_low, T, F, ROWS, LOW_COPY: gl.constexpr):  # fmt: skip
     """Epilogue partition: d_a = dh * up * silu'(a) (from w1_output) and d_up = dh * gate in fp32, ACT_WIDTH columns
-    at a time, stored into dd = [d_a | d_up] (fp16) and dd_low (bf16), (ROWS, 2F) row-major. Every row of a tile is
+    at a time, stored into dd = [d_a | d_up] (fp16) and, with LOW_COPY, dd_low (bf16), (ROWS, 2F) row-major. Every row of a tile is
     stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA zero-fills the activations
     past row T), because the weight gradients read them."""
     PIECES: gl.constexpr = handoff.shape[0]
@@ -155,24 +156,27 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
         out = rows[:, None] * (2 * F) + cols[None, :]
         gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
         gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
-        gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
-        gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
+        if LOW_COPY:
+            gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
+            gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
 
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
 def dh_swiglu_ws_kernel(
     g_desc, w2_desc, a_desc, up_desc, gate_desc, dd, dd_low, selected_weights,
     T, H, F, ROWS,
-    STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, 256] (descriptors)
+    STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, BLOCK_N] (descriptors)
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
+    LOW_COPY: gl.constexpr,  # also store dd_low, the bf16 copy of dd that Triton's dx reads (else dd_low is unused)
     num_warps: gl.constexpr,  # 8: the product warps
 ):  # fmt: skip
-    """dd = [d_a | d_up] and its bf16 copy dd_low from dh = diag(w) (g @ w2), one persistent program per SM walking
-    the 128 x 256 tiles `program_id, program_id + programs, ...`, token tile fastest (each byte of w2 from HBM
+    """dd = [d_a | d_up] (and its bf16 copy dd_low) from dh = diag(w) (g @ w2), one persistent program per SM walking
+    the 128 x BLOCK_N tiles `program_id, program_id + programs, ...`, token tile fastest (each byte of w2 from HBM
     once). g is the gathered, zero-padded copy of the T rows (ROWS of them); the activations are the (T, F) inputs.
 
-    Shared memory: STAGES x (16 + 32) KB of operand stages at BLOCK_K = 64, the 64 KB fp16 handoff, and
-    ACT_BUFFERS x 3 x 4 KB at ACT_WIDTH = 16: 3 stages and one activation buffer fill 220 KB of the 227 KB.
+    Shared memory at BLOCK_K = 64 and ACT_WIDTH = 16: STAGES x (16 + BLOCK_N / 8) KB of operand stages, the
+    BLOCK_N / 4 KB fp16 handoff and ACT_BUFFERS x 3 x 4 KB: with 128 x 256 tiles 3 stages and one activation buffer
+    fill 220 KB of the 227 KB, with 128 x 128 tiles 5 stages and two buffers 216 KB.
     """
     BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
@@ -196,7 +200,7 @@ def dh_swiglu_ws_kernel(
             (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
             (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F)),
             (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
-                                act_ready, dd, dd_low, T, F, ROWS)),
+                                act_ready, dd, dd_low, T, F, ROWS, LOW_COPY)),
         ],
         [1, 2],  # loader warp, epilogue warps
         [24, 184],  # their registers: the loader needs few, the epilogue's fp32 pieces many

@@ -7,7 +7,7 @@ streams. On the caller's stream:
                             plan has dh gather its own rows, ge only, on the second stream)
 - `dh_swiglu_kernel`        dh = (g @ w2) * w in fp32, then the SwiGLU backward in its epilogue -> dd = [d_a | d_up],
                             in fp16 (for the weight gradients, and for dx where it is the Gluon kernel) and, where
-                            dx is dx_kernel, once more in bf16; from T = 385 the warp-specialised Gluon kernel of
+                            dx is dx_kernel, once more in bf16; from T = 257 the warp-specialised Gluon kernel of
                             dh_warp_specialized.py takes its place
 - `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows; at
                             128 < T <= 256 the warp-specialised Gluon kernel of weight_grad_warp_specialized.py

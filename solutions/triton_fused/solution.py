@@ -1,6 +1,6 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
-for large T, dx in dx_warp_specialized.py and grad_w1/grad_w3 in weight_grad_warp_specialized.py at 128 < T <= 256).
+from T = 257, dx in dx_warp_specialized.py and grad_w1/grad_w3 in weight_grad_warp_specialized.py at 128 < T <= 256).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -46,7 +46,8 @@ ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routi
 # tile's block_m and block_k, so that no GEMM operand block of them reaches past their end (weight_grad_kernel).
 ROW_PAD = 128
 ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
-WS_BLOCK_M, WS_BLOCK_N = 128, 256  # the warp-specialised dh's and weight gradient's tile (two warpgroups of 64 x 256 wgmma)
+WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tiles (two warpgroups of 64-row wgmma)
+WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
 
@@ -66,12 +67,13 @@ class Tile:
 
 @dataclass(frozen=True)
 class WarpSpecializedDh:
-    """The Gluon dh's configuration (tiles of 128 tokens x 256 ffn columns, 8 product warps; dh_warp_specialized.py)."""
+    """The Gluon dh's configuration (tiles of 128 tokens x block_n ffn columns, 8 product warps; dh_warp_specialized.py)."""
 
     block_k: int  # hidden columns per operand stage
     stages: int  # operand stages in shared memory
     act_width: int  # ffn columns per epilogue piece
     act_buffers: int  # epilogue pieces whose activations are in flight
+    block_n: int = 256  # ffn columns per tile: 128 gives twice the tiles, so fewer SMs idle in a program's last tile
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,11 @@ class Plan:
     dh_gathers_rows: bool = False
     # dh as the warp-specialised Gluon kernel, its epilogue under the next tile's products (GPU only; needs the
     # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
-    # v12); `dh` is then unused.
+    # v12 and v18); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
     # dx as the warp-specialised Gluon kernel, one launch over K = 2F that reads the fp16 dd and rounds it to bf16 in
-    # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
-    # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
+    # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh, Triton's
+    # or Gluon's, then writes no bf16 copy of dd (docs/performance.md, v15).
     dx_warp_specialized: bool = False
     # grad_w1/grad_w3 as the warp-specialised Gluon kernel, whose last K step may be short (GPU only; `grad_w13` is then
     # unused): a T a few tokens past a multiple of 64 pays for those tokens rather than for a whole step.
@@ -144,9 +146,9 @@ class Plan:
 # (largest T of the bucket, plan); the last bucket takes every larger T. Tiles from the sweeps of
 # benchmarks/sweep_triton_fused.py on the H200 (docs/performance.md). Every bucket uses the side stream: grad_w2
 # fills the SMs that dh leaves idle (56-112 tiles on 132 SMs at T <= 256), and dx, bound by reading the
-# weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us). Up to T = 384 dh gathers
+# weights, runs beside grad_w1/grad_w3, bound by writing theirs (T = 336: 530 -> 502 us). Up to T = 256 dh gathers
 # its own rows (same-process A/B, flag on against off: T = 64 -2.6 to -3.8 us, 128 -5.5 to -6.5, 196-215 -1.5 to
-# -3.3, 256 -1.9 to +0.6, 296-336 -2.7 to -7.2; at 512 -2.1 to +4.1, at 2048 +46).
+# -3.3, 256 -1.9 to +0.6; with Triton's dh at 296-336 -2.7 to -7.2, at 512 -2.1 to +4.1, at 2048 +46).
 _DX_WIDE = Tile(128, 256, 64, 8, 4)
 _WGRAD_SMALL = Tile(128, 128, 64, 4, 4, 1, 1, True)
 # Two co-resident programs per SM, each storing in halves (3 stages fit twice in shared memory): one program's
@@ -180,13 +182,18 @@ PLANS: tuple[tuple[int, Plan], ...] = (
                grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
+    # From T = 257 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the
+    # Triton dh, means of three: T = 496 -7.5 us, 512 -15.1, 1024 -44.7, 2048 -51.8; docs/performance.md, v12). Up to
+    # T = 512, where a program has 1.3-1.7 tiles of 128 x 256, its tiles are 128 x 128 (2.5-3.4 per program): the
+    # busiest program is nearer the average, and its last epilogue, which nothing hides, is half as long (two A/B
+    # runs, means of three each, against Triton's 64 x 256 dh gathering its own rows and against the Gluon dh's 128 x
+    # 256 tiles in K steps of 32: T = 296 -2.5 and -2.9 us, 336 -2.5 and -1.6, 496 -1.4 and -1.0, 512 -4.4 and -3.4;
+    # slower in the 256 bucket (+5 to +12) and at 2048 (+60); v18).
     (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True, side_prologue="after_dh")),
-    # From T = 385 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the Triton
-    # dh, means of three: T = 496 -7.5 us, 512 -15.1, 1024 -44.7, 2048 -51.8; docs/performance.md, v12). Where a program
-    # has fewer tiles (T = 512: 1.7) the shallower K steps with two activation pieces in flight win; with more, deeper stages.
+               dx_on_side=(False, False), grad_w13_on_side=True, side_prologue="after_dh",
+               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128))),
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dh_warp_specialized=WarpSpecializedDh(32, 5, 16, 2))),
+               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128))),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1))),
 )
@@ -310,11 +317,11 @@ def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh) -> None:
         raise ValueError("the warp-specialised dh is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
     i = p.inputs
     activations = [_gluon_descriptor(i[name], [WS_BLOCK_M, w.act_width]) for name in ("w1_output", "up_output", "gate_output")]
-    tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, WS_BLOCK_N)
+    tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, w.block_n)
     dh_swiglu_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
-        _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, WS_BLOCK_N]),
-        *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
-        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, num_warps=8,
+        _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
+        *activations, p.dd, p.dd if p.dd_low is None else p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn,
+        p.rows, STAGES=w.stages, ACT_BUFFERS=w.act_buffers, LOW_COPY=p.low_copy, num_warps=8,
     )  # fmt: skip
 
 
@@ -432,8 +439,6 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     if plan.grad_w13_warp_specialized is not None and plan.grad_w13_warp_specialized.tail not in (16, 32):
         raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {plan.grad_w13_warp_specialized.tail}")
-    if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
-        raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k, not plan.dx_warp_specialized)
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
