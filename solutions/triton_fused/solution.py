@@ -116,8 +116,8 @@ class Plan:
     # v12 and v18); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
     # dx as the warp-specialised Gluon kernel, one launch over K = 2F that reads the fp16 dd and rounds it to bf16 in
-    # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh, Triton's
-    # or Gluon's, then writes no bf16 copy of dd (docs/performance.md, v15).
+    # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
+    # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
     dx_warp_specialized: bool = False
     # grad_w1/grad_w3 as the warp-specialised Gluon kernel, whose last K step may be short (GPU only; `grad_w13` is then
     # unused): a T a few tokens past a multiple of 64 pays for those tokens rather than for a whole step.
@@ -320,8 +320,8 @@ def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh) -> None:
     tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, w.block_n)
     dh_swiglu_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
         _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
-        *activations, p.dd, p.dd if p.dd_low is None else p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn,
-        p.rows, STAGES=w.stages, ACT_BUFFERS=w.act_buffers, LOW_COPY=p.low_copy, num_warps=8,
+        *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
+        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, num_warps=8,
     )  # fmt: skip
 
 
@@ -439,6 +439,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     if plan.grad_w13_warp_specialized is not None and plan.grad_w13_warp_specialized.tail not in (16, 32):
         raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {plan.grad_w13_warp_specialized.tail}")
+    if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
+        raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k, not plan.dx_warp_specialized)
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
