@@ -278,9 +278,9 @@ def test_each_bucket_compiles_once() -> None:
     module = solution_module()
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
+        (Dims(997, 128), Dims(1024, 128), Dims(700, 65)),
         (Dims(1571, 196), Dims(1721, 215), Dims(4096, 256)),
-        (Dims(2371, 296), Dims(2689, 336), Dims(2000, 257)),  # the Gluon dh from here on
-        (Dims(1024, 512), Dims(3967, 496), Dims(2000, 401)),
+        (Dims(2371, 296), Dims(3967, 496), Dims(2000, 257), Dims(1024, 512)),  # the Gluon dh from here on
         (Dims(4096, 2048), Dims(2048, 1024), Dims(3000, 1501)),
     )
     for bucket in buckets:
@@ -290,7 +290,7 @@ def test_each_bucket_compiles_once() -> None:
             outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
             module.run(*inputs.values(), *outputs)
             counts.append(module.compiled_variants())
-        assert counts[0] == counts[1] == counts[2], counts
+        assert all(count == counts[0] for count in counts[1:]), counts
 
 
 @pytest.mark.gpu

@@ -128,8 +128,9 @@ class Plan:
     # B = 4096; again with benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at
     # T = 256 with B = 4096 / 2053 / 2048 / 512).
     # "after_dh": both once dh is done, beside dx (grad_w2 starts beside dh as soon as ge is written; T = 296 -4.6 us,
-    # 336 -5.7 against "first"). In the Gluon buckets, with "first", x16 keeps grad_w2 from taking the SMs before the
-    # persistent dh: the others are slower there (docs/performance.md, v13).
+    # 336 -5.7 against "first" with Triton's dh, +19 with the Gluon dh's gather first: v13, v18). From T = 513, with
+    # "first", x16 keeps grad_w2 from taking the SMs before the persistent Gluon dh: the others are slower there
+    # (docs/performance.md, v13).
     side_prologue: SidePrologue = "first"
 
     @property
@@ -176,12 +177,14 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
     # grad_w1/grad_w3 as the Gluon kernel with a last step of up to 32 tokens (A/B against Triton's kernel, means of
     # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4; at T = 296 and 336 the
-    # Gluon kernel with a tail of 16 is +7.1 and -5.7, so the 384 bucket keeps Triton's: v17).
+    # Gluon kernel with a tail of 16 is +7.1 and -5.7 (+3.7 and -5.6 beside v18's dh), so T = 257-512 keeps
+    # Triton's: v17, v18).
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                side_prologue="zeros_after_grad_w2", dx_warp_specialized=True,
                grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
-    # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us).
+    # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
+    # v18's dh this layout also pays at T = 496, -7.2 and -7.9 us in two A/B runs, and is even at 512: +0.3, -0.4).
     # From T = 257 on dh is the warp-specialised Gluon kernel (same-process A/B of the whole backward against the
     # Triton dh, means of three: T = 496 -7.5 us, 512 -15.1, 1024 -44.7, 2048 -51.8; docs/performance.md, v12). Up to
     # T = 512, where a program has 1.3-1.7 tiles of 128 x 256, its tiles are 128 x 128 (2.5-3.4 per program): the
@@ -189,10 +192,8 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # runs, means of three each, against Triton's 64 x 256 dh gathering its own rows and against the Gluon dh's 128 x
     # 256 tiles in K steps of 32: T = 296 -2.5 and -2.9 us, 336 -2.5 and -1.6, 496 -1.4 and -1.0, 512 -4.4 and -3.4;
     # slower in the 256 bucket (+5 to +12) and at 2048 (+60); v18).
-    (384, Plan(Tile(64, 256, 64, 8, 4, 2, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, side_prologue="after_dh",
-               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128))),
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
+               dx_on_side=(False, False), grad_w13_on_side=True, side_prologue="after_dh",
                dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128))),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1))),
