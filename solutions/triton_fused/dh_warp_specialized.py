@@ -4,10 +4,8 @@ Triton's `dh_swiglu_kernel` (kernels.py) runs its epilogue after its main loop i
 epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and takes about 130 of the kernel's
 440 us while the tensor cores idle. Here three groups of warps share each SM and work on different tiles at once:
 
-- one loader warp streams the operand blocks of g and w2 into a ring of STAGES shared-memory stages, running ahead
-  of the products across tile boundaries: w2 by TMA, g by TMA from its gathered copy or, up to T = 512, straight from
-  the rows of grad_output that token_indices names, by cp.async (Hopper's TMA cannot gather rows), so that no gather
-  stands between the call's start and dh;
+- one loader warp streams the operand blocks of g and w2 by TMA into a ring of STAGES shared-memory stages,
+  running ahead of the products across tile boundaries;
 - the default partition, num_warps = 8 warps (two warpgroups of 64 x BLOCK_N wgmma), accumulates a 128 x BLOCK_N
   tile of g @ w2 in fp32 (BLOCK_N = 256 or 128, the w2 descriptor's block), multiplies it by the routing weight and
   hands it over in fp16 through shared memory, then starts on its next tile at once;
@@ -31,62 +29,36 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy,
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_common import operand_ring, split_columns, wgmma_layout
 
 
 @gluon.jit
-def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, grad_output, token_indices, T, H, F,
-                   GATHERED: gl.constexpr):  # fmt: skip
+def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F):
     """Loader partition: the (g, w2) blocks of every K step of this program's tiles, into stage step % STAGES once the
-    products have released it (`empty`). w2 by TMA; g by TMA from its gathered copy (GATHERED) or, row by row, from
-    the rows of grad_output that token_indices names, by cp.async (Hopper's TMA cannot gather rows), zeros past T.
-    `ready` completes when the TMA bytes are in and, without GATHERED, every loader thread's copies are done."""
+    products have released it (`empty`); `ready` counts their bytes in."""
     BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = g_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
     STAGES: gl.constexpr = g_bufs.shape[0]
-    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_K // 8), BLOCK_K // 8], [1, 1], [1, 0])
-    cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, rows_layout))
     num_m = gl.cdiv(T, BLOCK_M)
     k_steps = gl.cdiv(H, BLOCK_K)
-    my_tiles = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
-    step = 0
-    for j in range(my_tiles):
-        tile = gl.program_id(0) + j * gl.num_programs(0)
-        off_m = (tile % num_m) * BLOCK_M
-        if not GATHERED:  # the tile's rows of grad_output, held for all its K steps
-            rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, rows_layout))
-            live = rows < T
-            row_starts = gl.load(token_indices + rows, mask=live, other=0) * H
-        for kk in range(k_steps):
-            s = step % STAGES
-            mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
-            k = kk * BLOCK_K
-            bar = ready.index(s)
-            if GATHERED:
-                mbarrier.expect(bar, g_desc.block_type.nbytes + w2_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(g_desc, [off_m, k], bar, g_bufs.index(s))
-            else:
-                sources = grad_output + row_starts[:, None] + (k + cols)[None, :]
-                async_copy.async_copy_global_to_shared(g_bufs.index(s), sources, mask=live[:, None])
-                async_copy.mbarrier_arrive(bar, increment_count=False)  # one of `ready`'s arrivals per thread
-                mbarrier.expect(bar, w2_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(w2_desc, [k, (tile // num_m) * BLOCK_N], bar, w_bufs.index(s))
-            step += 1
+    total = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0)) * k_steps
+    for step in range(total):
+        s = step % STAGES
+        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        tile = gl.program_id(0) + (step // k_steps) * gl.num_programs(0)
+        k = (step % k_steps) * BLOCK_K
+        bar = ready.index(s)
+        mbarrier.expect(bar, g_desc.block_type.nbytes + w2_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(g_desc, [(tile % num_m) * BLOCK_M, k], bar, g_bufs.index(s))
+        tma.async_copy_global_to_shared(w2_desc, [k, (tile // num_m) * BLOCK_N], bar, w_bufs.index(s))
 
 
 @gluon.jit
 def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F,
-              GATHERED: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+              num_warps: gl.constexpr):  # fmt: skip
     """Default partition: per tile, acc = g @ w2 over the K steps (one wgmma in flight while the next is issued),
     then w * acc in fp16 into the handoff buffer once the epilogue has emptied it.
 
@@ -107,8 +79,6 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
         for kk in range(k_steps):
             s = step % STAGES
             mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-            if not GATHERED:
-                fence_async_shared()  # the loader's cp.async wrote g's block through the generic proxy; wgmma reads it
             acc = warpgroup_mma(g_bufs.index(s), w_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the previous step's wgmma is done with its stage
@@ -192,11 +162,10 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
 def dh_swiglu_ws_kernel(
-    g_desc, w2_desc, a_desc, up_desc, gate_desc, dd, dd_low, selected_weights, grad_output, token_indices,
+    g_desc, w2_desc, a_desc, up_desc, gate_desc, dd, dd_low, selected_weights,
     T, H, F, ROWS,
     STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, BLOCK_N] (descriptors)
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
-    GATHERED: gl.constexpr,  # g from its gathered copy (g_desc) by TMA, else from grad_output's rows by cp.async
     num_warps: gl.constexpr,  # 8: the product warps
 ):  # fmt: skip
     """dd = [d_a | d_up] and its bf16 copy dd_low from dh = diag(w) (g @ w2), one persistent program per SM walking
@@ -210,10 +179,7 @@ def dh_swiglu_ws_kernel(
     BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
     WIDTH: gl.constexpr = a_desc.block_type.shape[1]
-    LOADER_WARPS: gl.constexpr = 1
-    # Without GATHERED each loader thread's cp.async copies are one more arrival on `ready`.
-    READY_ARRIVALS: gl.constexpr = 1 if GATHERED else 1 + 32 * LOADER_WARPS
-    g_bufs, w_bufs, ready, empty = operand_ring(g_desc, w2_desc, STAGES, READY_ARRIVALS)
+    g_bufs, w_bufs, ready, empty = operand_ring(g_desc, w2_desc, STAGES)
     handoff = gl.allocate_shared_memory(
         gl.float16, [BLOCK_N // WIDTH, BLOCK_M, WIDTH], gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
     )
@@ -229,15 +195,11 @@ def dh_swiglu_ws_kernel(
     mbarrier.init(dh_free, count=1)
     gl.warp_specialize(
         [
-            (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, GATHERED,
-                         num_warps)),
-            (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, grad_output, token_indices, T, H, F,
-                              GATHERED)),
+            (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
+            (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F)),
             (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
                                 act_ready, dd, dd_low, T, F, ROWS)),
         ],
-        [LOADER_WARPS, 2],  # loader warp, epilogue warps
-        # Their registers: the epilogue's fp32 pieces need many. The three warps share a warpgroup, whose register
-        # count is one, the larger: the loader that gathers rows holds 32 row offsets per thread within it.
-        [24, 184],
+        [1, 2],  # loader warp, epilogue warps
+        [24, 184],  # their registers: the loader needs few, the epilogue's fp32 pieces many
     )  # fmt: skip

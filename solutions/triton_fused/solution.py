@@ -108,13 +108,12 @@ class Plan:
     # when its last kernel runs on the side stream (T = 128-336: +3 to +6 us).
     scatter_on_side: bool = False
     # dh loads its rows of grad_output itself, and the gather, which then writes ge only, runs first on the side
-    # stream: no kernel stands between the call's start and dh. Triton's dh loads them by pointer, slower than TMA
-    # (dh alone +2 us at T = 64, +5 at 256, +9 at 512, +46 at 2048), so this pays only where the gather's 5-7 us
-    # weigh more; the Gluon dh's loader copies them by cp.async.
+    # stream: no kernel stands between the call's start and dh. Its pointer loads are slower than TMA (dh alone +2 us
+    # at T = 64, +5 at 256, +9 at 512, +46 at 2048), so this pays only where the gather's 5-7 us weigh more.
     dh_gathers_rows: bool = False
-    # dh as the warp-specialised Gluon kernel, its epilogue under the next tile's products (GPU only; with
-    # dh_gathers_rows its loader reads the rows of grad_output by cp.async). Pays where a program has several tiles
-    # (docs/performance.md, v12 and v18); `dh` is then unused.
+    # dh as the warp-specialised Gluon kernel, its epilogue under the next tile's products (GPU only; needs the
+    # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
+    # v12 and v18); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
     # dx as the warp-specialised Gluon kernel, one launch over K = 2F that reads the fp16 dd and rounds it to bf16 in
     # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
@@ -194,7 +193,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # 256 tiles in K steps of 32: T = 296 -2.5 and -2.9 us, 336 -2.5 and -1.6, 496 -1.4 and -1.0, 512 -4.4 and -3.4;
     # slower in the 256 bucket (+5 to +12) and at 2048 (+60); v18).
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, dh_gathers_rows=True, side_prologue="after_dh",
+               dx_on_side=(False, False), grad_w13_on_side=True, side_prologue="after_dh",
                dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128))),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1))),
@@ -313,9 +312,8 @@ def _gluon_descriptor(tensor: torch.Tensor, block_shape: list[int]) -> GluonTens
     return GluonTensorDescriptor.from_tensor(tensor, block_shape, gl.NVMMASharedLayout.get_default_for(block_shape, dtype))
 
 
-def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, gathered: bool = True) -> None:
-    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor, reading g (gathered)
-    or the rows of grad_output that token_indices selects."""
+def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh) -> None:
+    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor."""
     if not p.g.is_cuda:
         raise ValueError("the warp-specialised dh is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
     i = p.inputs
@@ -323,8 +321,8 @@ def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, gathered: bool 
     tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, w.block_n)
     dh_swiglu_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
         _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
-        *activations, p.dd, p.dd_low, i["selected_weights"], i["grad_output"], i["token_indices"], p.tokens, p.hidden,
-        p.ffn, p.rows, STAGES=w.stages, ACT_BUFFERS=w.act_buffers, GATHERED=gathered, num_warps=8,
+        *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
+        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, num_warps=8,
     )  # fmt: skip
 
 
@@ -438,6 +436,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
     if plan.side_prologue not in get_args(SidePrologue):
         raise ValueError(f"side_prologue must be one of {get_args(SidePrologue)}, not {plan.side_prologue!r}")
+    if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
+        raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     if plan.grad_w13_warp_specialized is not None and plan.grad_w13_warp_specialized.tail not in (16, 32):
         raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {plan.grad_w13_warp_specialized.tail}")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
@@ -469,7 +469,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if plan.side_prologue == "zeros_after_grad_w2":
             zero_unselected(p)
     if plan.dh_warp_specialized is not None:
-        dh_swiglu_warp_specialized(p, plan.dh_warp_specialized, gathered=not plan.dh_gathers_rows)
+        dh_swiglu_warp_specialized(p, plan.dh_warp_specialized)
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
