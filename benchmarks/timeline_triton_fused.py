@@ -1,7 +1,8 @@
 """Kernel timeline of one triton_fused call per public workload: which kernel ran on which stream, from when to when.
 GPU only.
 
-    PYTHONPATH=. python3 benchmarks/timeline_triton_fused.py [--workloads 5,15] --out timeline.jsonl
+    PYTHONPATH=. python3 benchmarks/timeline_triton_fused.py [--workloads 5,15] [--calls 3] \
+        [--variant 'v17 dh: dh_warp_specialized=None; dh_gathers_rows=True'] --out timeline.jsonl
 
 Stage times measured alone do not add up to the whole backward: stages on the two streams share the SMs, a kernel
 issued on one stream waits for SMs that a persistent kernel on the other holds, and one stage's tail overlaps the
@@ -13,18 +14,26 @@ spin ahead of it, so that every launch is queued before the first kernel starts.
 records through torch.profiler, in microseconds from the call's first kernel; the stream is "caller" for the
 stream the call was issued on (the solution's caller) and "side" for any other. Kernels of the same name are told
 apart by their launch grid. Rows are appended to --out (JSON lines) after a provenance header.
+
+Each workload's bucket plan is profiled, and each --variant of it (the syntax of benchmarks/plan_ab_triton_fused.py),
+--calls times each: the order in which two streams' kernels take the SMs can differ from call to call (at T = 296-496
+dh and grad_w2 are released by the same kernel; docs/performance.md, v18).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.plan_ab_triton_fused import parse_variant
 from harness.problem import INPUTS, Dims
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
@@ -77,9 +86,13 @@ def main() -> None:
     parser.add_argument("--out", default="timeline.jsonl")
     parser.add_argument("--workloads", help="comma-separated indices of the public suite (default: all 16)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calls", type=int, default=1, help="profiled calls per plan")
+    parser.add_argument("--variant", action="append", default=[], help="'name: field=value; ...' (repeatable)")
     args = parser.parse_args()
 
     run = get_solution("triton_fused").load_entry_point()
+    module = sys.modules[run.__module__]
+    variants = dict(parse_variant(text, module) for text in args.variant)
     device = torch.device("cuda")
     flush = L2Flusher(device)
     workloads = list(enumerate(load_named_suite("public").workloads))
@@ -93,17 +106,36 @@ def main() -> None:
         dims: Dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
-        for _ in range(WARMUP_CALLS):
-            run(*arguments)
-        torch.cuda.synchronize()
-        kernels = profiled_call(run, arguments, flush)
-        span = max(k["end_us"] for k in kernels)
-        print(f"#{index} B={dims.batch_seq_len} T={dims.num_tokens}: {span:.1f} us from the first kernel's start to the last end")
-        with out.open("a") as handle:
-            for k in kernels:
-                print(f"  {k['stream']:6} {k['kernel'][:32]:32} grid {k['grid']!s:16} {k['start_us']:8.1f} -> {k['end_us']:8.1f}"
-                      f"  ({k['end_us'] - k['start_us']:.1f})")
-                handle.write(json.dumps({"index": index, "uuid": workload.uuid, "B": dims.batch_seq_len, "T": dims.num_tokens, **k}) + "\n")
+        bucket = module.plan_for(dims.num_tokens)
+        plans = {"plan": bucket} | {name: dataclasses.replace(bucket, **changes) for name, changes in variants.items()}
+        for name, plan in plans.items():
+            call = functools.partial(module.backward, plan=plan)
+            for _ in range(WARMUP_CALLS):
+                call(*arguments)
+            torch.cuda.synchronize()
+            for repeat in range(args.calls):
+                kernels = profiled_call(call, arguments, flush)
+                span = max(k["end_us"] for k in kernels)
+                print(
+                    f"#{index} B={dims.batch_seq_len} T={dims.num_tokens} {name} call {repeat}: "
+                    f"{span:.1f} us from the first kernel's start to the last end"
+                )
+                with out.open("a") as handle:
+                    for k in kernels:
+                        print(
+                            f"  {k['stream']:6} {k['kernel'][:32]:32} grid {k['grid']!s:16} {k['start_us']:8.1f} -> "
+                            f"{k['end_us']:8.1f}  ({k['end_us'] - k['start_us']:.1f})"
+                        )
+                        row = {
+                            "index": index,
+                            "uuid": workload.uuid,
+                            "B": dims.batch_seq_len,
+                            "T": dims.num_tokens,
+                            "plan": name,
+                            "call": repeat,
+                            **k,
+                        }
+                        handle.write(json.dumps(row) + "\n")
         del inputs, arguments
         torch.cuda.empty_cache()
 
