@@ -58,6 +58,11 @@ def parse_variant(text: str, module) -> tuple[str, dict]:
     return name.strip(), changes
 
 
+def variant_plans(bucket, variants: dict[str, dict]) -> dict:
+    """{"plan": the bucket plan} and each variant of it by name (Plan fields replaced as parse_variant gave them)."""
+    return {"plan": bucket} | {name: dataclasses.replace(bucket, **changes) for name, changes in variants.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workloads", required=True, help="comma-separated indices of the public suite")
@@ -79,8 +84,7 @@ def main() -> None:
         inputs = generate_inputs(dims, 0, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
         outputs = arguments[len(INPUTS) :]
-        bucket = module.plan_for(dims.num_tokens)
-        plans = {"plan": bucket} | {name: dataclasses.replace(bucket, **changes) for name, changes in variants.items()}
+        plans = variant_plans(module.plan_for(dims.num_tokens), variants)
         expected = None
         for name, plan in plans.items():
             for out_tensor in outputs:

@@ -1,4 +1,4 @@
-"""Kernel timeline of one triton_fused call per public workload: which kernel ran on which stream, from when to when.
+"""Kernel timelines of triton_fused calls per public workload: which kernel ran on which stream, from when to when.
 GPU only.
 
     PYTHONPATH=. python3 benchmarks/timeline_triton_fused.py [--workloads 5,15] [--calls 3] \
@@ -23,7 +23,6 @@ dh and grad_w2 are released by the same kernel; docs/performance.md, v18).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.plan_ab_triton_fused import parse_variant
+from benchmarks.plan_ab_triton_fused import parse_variant, variant_plans
 from harness.problem import INPUTS, Dims
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
@@ -106,8 +105,7 @@ def main() -> None:
         dims: Dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
-        bucket = module.plan_for(dims.num_tokens)
-        plans = {"plan": bucket} | {name: dataclasses.replace(bucket, **changes) for name, changes in variants.items()}
+        plans = variant_plans(module.plan_for(dims.num_tokens), variants)
         for name, plan in plans.items():
             call = functools.partial(module.backward, plan=plan)
             for _ in range(WARMUP_CALLS):

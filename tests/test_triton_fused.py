@@ -287,7 +287,7 @@ def test_each_bucket_compiles_once() -> None:
         counts = []
         for dims in bucket:
             inputs = generate_inputs(dims, 0, "cuda")
-            outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
+            outputs = list(cuda_outputs(dims).values())
             module.run(*inputs.values(), *outputs)
             counts.append(module.compiled_variants())
         assert all(count == counts[0] for count in counts[1:]), counts
@@ -300,7 +300,7 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
     A race between a TMA load and its consumer (seen with some dx tiles, docs/performance.md) would not."""
     run = get_solution("triton_fused").load_entry_point()
     inputs = generate_inputs(dims, 0, "cuda")
-    outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
+    outputs = list(cuda_outputs(dims).values())
     run(*inputs.values(), *outputs)
     first = [out.clone() for out in outputs]
     for _ in range(25):
@@ -344,7 +344,7 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     gathering its own rows, the Gluon dx and grad_w1/grad_w3; T = 336: the Gluon dh, Triton's dx."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
-    outputs = [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS]
+    outputs = list(cuda_outputs(dims).values())
     plan = module.plan_for(dims.num_tokens)
     layouts = [
         dataclasses.replace(plan, dx_on_side=dx_on_side, grad_w13_on_side=grad_w13_on_side, scatter_on_side=scatter_on_side)
