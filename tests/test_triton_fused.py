@@ -222,6 +222,9 @@ def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> N
     with pytest.raises(ValueError, match="cannot gather its own rows"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
                         plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh, dh_gathers_rows=True))  # fmt: skip
+    with pytest.raises(ValueError, match="programmatic launch of dh behind the gather needs the warp-specialised dh"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
+                        plan=dataclasses.replace(small_plan(interpreted), dh_programmatic_launch=True))  # fmt: skip
 
 
 def test_warp_specialized_weight_gradient_needs_a_gpu_and_a_tail_of_16_or_32(interpreted) -> None:
@@ -339,8 +342,9 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     """The streams only reorder work: placements of grad_w2, dx's halves, scatter and grad_w1/grad_w3 on the two
     streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's kernel), zero_unselected and
-    routing_x16 first, behind grad_w2 or after dh (Plan.side_prologue), or all of it on the caller's stream, must give
-    the same bits (a missing wait between the streams would read a buffer before it is written). T = 215: Triton's dh
+    routing_x16 first, behind grad_w2 or after dh (Plan.side_prologue), or all of it on the caller's stream, and the
+    Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits (a missing wait
+    between the streams, or in dh for the gather, would read a buffer before it is written). T = 215: Triton's dh
     gathering its own rows, the Gluon dx and grad_w1/grad_w3; T = 336: the Gluon dh, Triton's dx."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
@@ -354,6 +358,8 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     layouts.append(dataclasses.replace(plan, grad_w2_on_side=False))  # grad_w2 on the caller's stream waits for ge
     if plan.dh_warp_specialized is None:
         layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))
+    else:  # dh launched behind the gather as a programmatic dependent, or not (its wait for the gather must hold)
+        layouts.append(dataclasses.replace(plan, dh_programmatic_launch=not plan.dh_programmatic_launch))
     layouts += [dataclasses.replace(plan, side_prologue=where) for where in ("first", "zeros_after_grad_w2") if where != plan.side_prologue]
     layouts.append(plan.on_one_stream())
     results = []

@@ -35,9 +35,13 @@ from .gluon_common import operand_ring, split_columns, wgmma_layout
 
 
 @gluon.jit
-def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F):
+def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_FOR_GATHER: gl.constexpr):
     """Loader partition: the (g, w2) blocks of every K step of this program's tiles, into stage step % STAGES once the
-    products have released it (`empty`); `ready` counts their bytes in."""
+    products have released it (`empty`); `ready` counts their bytes in. With WAIT_FOR_GATHER the kernel was launched
+    as a programmatic dependent of the gather, which may still be writing g: the loader, the one reader of g, first
+    waits for that grid to complete (griddepcontrol.wait)."""
+    if WAIT_FOR_GATHER:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = g_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
@@ -166,6 +170,7 @@ def dh_swiglu_ws_kernel(
     T, H, F, ROWS,
     STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, BLOCK_N] (descriptors)
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
+    WAIT_FOR_GATHER: gl.constexpr,  # launched as a programmatic dependent of the gather (see _load_operands)
     num_warps: gl.constexpr,  # 8: the product warps
 ):  # fmt: skip
     """dd = [d_a | d_up] and its bf16 copy dd_low from dh = diag(w) (g @ w2), one persistent program per SM walking
@@ -196,7 +201,7 @@ def dh_swiglu_ws_kernel(
     gl.warp_specialize(
         [
             (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
-            (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F)),
+            (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_FOR_GATHER)),
             (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
                                 act_ready, dd, dd_low, T, F, ROWS)),
         ],

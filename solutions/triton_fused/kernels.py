@@ -63,6 +63,7 @@ def gather_kernel(
     T, H, LAST_STEP, SHIFT,
     BLOCK_H: tl.constexpr,  # columns per program
     WRITE_G: tl.constexpr,  # False where dh gathers its own rows: ge only
+    LAUNCH_DEPENDENTS: tl.constexpr,  # let the next kernel on the stream, launched as a programmatic dependent, start
 ):  # fmt: skip
     """Program (r, c) writes columns [c*BLOCK_H, (c+1)*BLOCK_H) of row r of g and of ge, over the rows that the
     launcher pads T to: g = grad_output[idx] (zero rows from T on) and ge = g*w, rounded to bf16 once (grad_w2's
@@ -73,8 +74,12 @@ def gather_kernel(
     rows, as the in-bounds block ending at row T (see weight_grad_kernel). A 2-D grid rather than a loop over
     H per token: at T = 64 a loop gives 64 programs with dependent steps, too few to stream even these few MB
     at full speed. The only kernel ahead of dh, unless dh gathers its own rows: it moves as little as it can
-    (read g, write g and ge).
+    (read g, write g and ge). With LAUNCH_DEPENDENTS every program allows the dependent launch as it starts, so a dh
+    launched as a programmatic dependent (the Gluon dh, which waits for this grid before it reads g) is launched
+    once the last of these programs has started, before the end of the grid releases anything on other streams.
     """
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < H

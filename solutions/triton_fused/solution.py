@@ -73,7 +73,7 @@ class WarpSpecializedDh:
     stages: int  # operand stages in shared memory
     act_width: int  # ffn columns per epilogue piece
     act_buffers: int  # epilogue pieces whose activations are in flight
-    block_n: int = 256  # ffn columns per tile: 128 gives twice the tiles, so fewer SMs idle in a program's last tile
+    block_n: int = 256  # ffn columns per tile: 128 gives twice the tiles, so the busiest program is nearer the average
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,11 @@ class Plan:
     # gathered copy of g, so not with dh_gathers_rows). Pays where a program has several tiles (docs/performance.md,
     # v12 and v18); `dh` is then unused.
     dh_warp_specialized: WarpSpecializedDh | None = None
+    # The Gluon dh launched as a programmatic dependent of the gather right before it on the caller's stream: its
+    # programs are launched once the gather's last programs have started, and its loader waits for the gather's end
+    # before reading g. grad_w2, released on the side stream by that end, then finds the SMs taken (without it grad_w2
+    # took them first in 5 of 15 profiled calls at T = 296-496, +6 to +22 us each: v18).
+    dh_programmatic_launch: bool = False
     # dx as the warp-specialised Gluon kernel, one launch over K = 2F that reads the fp16 dd and rounds it to bf16 in
     # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
     # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
@@ -191,10 +196,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # busiest program is nearer the average, and its last epilogue, which nothing hides, is half as long (two A/B
     # runs, means of three each, against Triton's 64 x 256 dh gathering its own rows and against the Gluon dh's 128 x
     # 256 tiles in K steps of 32: T = 296 -2.5 and -2.9 us, 336 -2.5 and -1.6, 496 -1.4 and -1.0, 512 -4.4 and -3.4;
-    # slower in the 256 bucket (+5 to +12) and at 2048 (+60); v18).
+    # slower in the 256 bucket (+5 to +12) and at 2048 (+60); v18). dh is launched as a programmatic dependent of
+    # the gather, so grad_w2 no longer takes the SMs first in some calls (A/B, means of three: T = 296 -4.0 us, 336
+    # -2.7, 496 -2.3, 512 -2.3; at 2048 -0.6, within its noise, so that bucket goes without; v19).
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                dx_on_side=(False, False), grad_w13_on_side=True, side_prologue="after_dh",
-               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128))),
+               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True)),
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1))),
 )
@@ -264,13 +271,15 @@ class Problem:
         return dd[:, : self.ffn], dd[:, self.ffn :]
 
 
-def gather(p: Problem, write_g: bool = True) -> None:
-    """ge, and g unless dh gathers its own rows (write_g False: p.g is then left unwritten and unused)."""
+def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) -> None:
+    """ge, and g unless dh gathers its own rows (write_g False: p.g is then left unwritten and unused); with
+    launch_dependents the next kernel on the stream may be launched as a programmatic dependent before it ends."""
     i = p.inputs
     last_step = (p.tokens - 1) // p.k_step * p.k_step
     gather_kernel[(p.rows, p.routing_chunks)](
         i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.tokens, p.hidden,
         last_step, last_step + p.k_step - p.tokens, BLOCK_H=ROW_BLOCK_H, WRITE_G=write_g,
+        LAUNCH_DEPENDENTS=launch_dependents,
     )  # fmt: skip
 
 
@@ -306,23 +315,28 @@ def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
     )  # fmt: skip
 
 
+def _require_gpu(tensor: torch.Tensor, kernel: str) -> None:
+    if not tensor.is_cuda:
+        raise ValueError(f"the warp-specialised {kernel} is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+
+
 def _gluon_descriptor(tensor: torch.Tensor, block_shape: list[int]) -> GluonTensorDescriptor:
     _check_tma_alignment(tensor)
     dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[tensor.dtype]
     return GluonTensorDescriptor.from_tensor(tensor, block_shape, gl.NVMMASharedLayout.get_default_for(block_shape, dtype))
 
 
-def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh) -> None:
-    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor."""
-    if not p.g.is_cuda:
-        raise ValueError("the warp-specialised dh is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, after_gather: bool = False) -> None:
+    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor; after_gather: launched
+    as a programmatic dependent of the gather, the kernel issued just before it on this stream."""
+    _require_gpu(p.g, "dh")
     i = p.inputs
     activations = [_gluon_descriptor(i[name], [WS_BLOCK_M, w.act_width]) for name in ("w1_output", "up_output", "gate_output")]
     tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, w.block_n)
     dh_swiglu_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
         _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
         *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
-        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, num_warps=8,
+        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=after_gather, num_warps=8, launch_pdl=after_gather,
     )  # fmt: skip
 
 
@@ -367,8 +381,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
                                   c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:  # fmt: skip
     """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of w.tail rows where at most
     that many tokens are left (the rows past T are zeros in both operands, padded to ROW_PAD)."""
-    if not a.is_cuda:
-        raise ValueError("the warp-specialised weight gradient is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+    _require_gpu(a, "weight gradient")
     left = p.tokens % WS_BLOCK_K
     full_steps, tail_steps = (p.tokens // WS_BLOCK_K, 1) if 0 < left <= w.tail else (triton.cdiv(p.tokens, WS_BLOCK_K), 0)
     m, n = a.shape[1], b.shape[1]
@@ -401,8 +414,7 @@ def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bo
 
 
 def _dx_warp_specialized(p: Problem, t: Tile, tiles: int, halves: Sequence[int]) -> None:
-    if not p.dd.is_cuda:
-        raise ValueError("the warp-specialised dx is a Gluon kernel for Hopper GPUs: Triton's CPU interpreter cannot run it")
+    _require_gpu(p.dd, "dx")
     dd = _gluon_descriptor(p.dd, [t.block_m, t.block_k])
     w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight"))
     runs = [(0, 2)] if list(halves) == [0, 1] else [(half, 1) for half in halves]  # (first half, halves in the launch)
@@ -440,6 +452,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     if plan.grad_w13_warp_specialized is not None and plan.grad_w13_warp_specialized.tail not in (16, 32):
         raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {plan.grad_w13_warp_specialized.tail}")
+    if plan.dh_programmatic_launch and plan.dh_warp_specialized is None:
+        raise ValueError("the programmatic launch of dh behind the gather needs the warp-specialised dh, which waits for it")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k, not plan.dx_warp_specialized)
@@ -461,7 +475,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
             routing_x16(p)
         side_operands_ready = _recorded_event(side)
     if not plan.dh_gathers_rows:
-        gather(p)
+        gather(p, launch_dependents=plan.dh_programmatic_launch)
     with _beside(side, plan.grad_w2_on_side):
         if side_operands_ready is not None and not plan.grad_w2_on_side:
             caller.wait_event(side_operands_ready)  # ge may come from the side stream
@@ -469,7 +483,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if plan.side_prologue == "zeros_after_grad_w2":
             zero_unselected(p)
     if plan.dh_warp_specialized is not None:
-        dh_swiglu_warp_specialized(p, plan.dh_warp_specialized)
+        dh_swiglu_warp_specialized(p, plan.dh_warp_specialized, plan.dh_programmatic_launch)
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
