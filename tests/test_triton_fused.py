@@ -227,11 +227,21 @@ def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> N
                         plan=dataclasses.replace(small_plan(interpreted), dh_programmatic_launch=True))  # fmt: skip
 
 
-def test_warp_specialized_weight_gradient_needs_a_gpu_and_a_tail_of_16_or_32(interpreted) -> None:
+@pytest.mark.parametrize("field", ["grad_w13_warp_specialized", "grad_w2_warp_specialized"])
+def test_warp_specialized_weight_gradient_needs_a_gpu_and_a_tail_of_16_or_32(interpreted, field: str) -> None:
     for tail, message in ((32, "Triton's CPU interpreter cannot run it"), (8, "tail must be 16 or 32 rows, not 8")):
-        plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=interpreted.WarpSpecializedWeightGrad(4, tail))
+        plan = dataclasses.replace(small_plan(interpreted), **{field: interpreted.WarpSpecializedWeightGrad(4, tail)})
         with pytest.raises(ValueError, match=message):
             run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
+def test_grad_w2_last_step(interpreted) -> None:
+    """The gather shifts ge's last block by the rows of grad_w2's last step: Triton's whole block_k, or the Gluon
+    kernel's short step where at most `tail` tokens are left, else its whole step of 64."""
+    triton_kernel = dataclasses.replace(interpreted.plan_for(256), grad_w2_warp_specialized=None)
+    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=interpreted.WarpSpecializedWeightGrad(4, 32))
+    assert interpreted.grad_w2_last_step(triton_kernel, 196) == triton_kernel.grad_w2.block_k
+    assert [interpreted.grad_w2_last_step(gluon, t) for t in (196, 215, 224, 296, 256)] == [32, 32, 32, 64, 64]
 
 
 def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
@@ -370,6 +380,30 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
         results.append([out.clone() for out in outputs])
     for spec, *versions in zip(OUTPUTS, *results):
         assert all(torch.equal(version, versions[0]) for version in versions[1:]), spec.name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tail", [16, 32])
+@pytest.mark.parametrize("dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2371, 296), Dims(2689, 336), Dims(512, 64)],
+                         ids=lambda d: f"T{d.num_tokens}")  # fmt: skip
+def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int) -> None:
+    """grad_w2 by the Gluon kernel, whose last step (short where at most `tail` tokens are left) reads gated_output's
+    rows that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the
+    same order, less zero rows), and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48:
+    a whole last step, shifted), 296 (40), 336 (16), 64 (no remainder)."""
+    module = solution_module()
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = list(cuda_outputs(dims).values())
+    triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
+    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=module.WarpSpecializedWeightGrad(4, tail))
+    results = []
+    for variant in (triton_kernel, gluon):
+        for out in outputs:
+            out.fill_(float("nan"))
+        module.backward(*inputs.values(), *outputs, plan=variant)
+        results.append([out.clone() for out in outputs])
+    for spec, triton_bits, gluon_bits in zip(OUTPUTS, *results):
+        assert torch.equal(gluon_bits, triton_bits), spec.name
 
 
 @pytest.mark.gpu

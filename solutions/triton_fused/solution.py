@@ -127,6 +127,9 @@ class Plan:
     # grad_w1/grad_w3 as the warp-specialised Gluon kernel, whose last K step may be short (GPU only; `grad_w13` is then
     # unused): a T a few tokens past a multiple of 64 pays for those tokens rather than for a whole step.
     grad_w13_warp_specialized: WarpSpecializedWeightGrad | None = None
+    # grad_w2 by the same Gluon kernel (`grad_w2` is then unused): its last step, short or whole, reads the rows of
+    # gated_output that end at row T, against ge's last block as the gather shifts it for that step's rows.
+    grad_w2_warp_specialized: WarpSpecializedWeightGrad | None = None
     # Where zero_unselected and routing_x16 run on the side stream. "first": both ahead of grad_w2, beside dh.
     # "zeros_after_grad_w2": x16 first, the zeros right behind grad_w2 (grad_w2 starts earlier, the zeros run beside
     # grad_w1/grad_w3; same-process A/B against "first", means of three: T = 196-256 -0.5 to -7.7 us, the most at
@@ -184,9 +187,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4; at T = 296 and 336 the
     # Gluon kernel with a tail of 16 is +7.1 and -5.7 (+3.7 and -5.6 beside v18's dh), so T = 257-512 keeps
     # Triton's: v17, v18).
+    # grad_w2 by the same Gluon kernel, its last step reading the rows of gated_output that end at T (A/B against
+    # Triton's 128 x 128 pair, means of three: T = 196 -3.1 us, 215 -3.7, 256 +0.1 and +1.0; at 336 -2.8, but at 296
+    # +0.8 and at 496-512 +6.7 to +7.4, so T = 257-512 keeps Triton's: v19).
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                side_prologue="zeros_after_grad_w2", dx_warp_specialized=True,
-               grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
+               grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32),
+               grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
     # v18's dh this layout also pays at T = 496, -7.2 and -7.9 us in two A/B runs, and is even at 512: +0.3, -0.4).
@@ -209,6 +216,21 @@ PLANS: tuple[tuple[int, Plan], ...] = (
 
 def plan_for(num_tokens: int) -> Plan:
     return next(plan for limit, plan in PLANS if num_tokens <= limit)
+
+
+def _steps(tokens: int, warp_specialized: WarpSpecializedWeightGrad) -> tuple[int, int]:
+    """(whole K steps, short ones) of the Gluon weight gradient: a last step of at most `tail` tokens is a short one."""
+    left = tokens % WS_BLOCK_K
+    if 0 < left <= warp_specialized.tail:
+        return tokens // WS_BLOCK_K, 1
+    return triton.cdiv(tokens, WS_BLOCK_K), 0
+
+
+def grad_w2_last_step(plan: Plan, tokens: int) -> int:
+    """The rows of grad_w2's last K step, whose block of ge the gather shifts (gather_kernel)."""
+    if plan.grad_w2_warp_specialized is None:
+        return plan.grad_w2.block_k
+    return plan.grad_w2_warp_specialized.tail if _steps(tokens, plan.grad_w2_warp_specialized)[1] else WS_BLOCK_K
 
 
 def dx_split_for(plan: Plan, ffn_dim: int) -> int:
@@ -247,7 +269,7 @@ class Problem:
     outputs: dict[str, torch.Tensor]
     precise_dtype: torch.dtype
     dx_split: int
-    k_step: int  # grad_w2's block_k: the gather shifts ge's last block of that many rows (gather_kernel)
+    k_step: int  # the rows of grad_w2's last K step (grad_w2_last_step): the gather shifts ge's last block of that many
     low_copy: bool = True  # dd_low, the bf16 copy of dd that Triton's dx reads (None without)
 
     def __post_init__(self) -> None:
@@ -359,8 +381,12 @@ def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch
     )  # fmt: skip
 
 
-def grad_w2(p: Problem, t: Tile) -> None:
-    _weight_grad(p, t, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
+def grad_w2(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | None = None) -> None:
+    """grad_w2 = ge^T @ gated_output by Triton's kernel in tile t, or by the Gluon kernel."""
+    if warp_specialized is None:
+        _weight_grad(p, t, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
+    else:
+        _weight_grad_warp_specialized(p, warp_specialized, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
 
 
 def grad_w13(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | None = None) -> None:
@@ -382,8 +408,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of w.tail rows where at most
     that many tokens are left (the rows past T are zeros in both operands, padded to ROW_PAD)."""
     _require_gpu(a, "weight gradient")
-    left = p.tokens % WS_BLOCK_K
-    full_steps, tail_steps = (p.tokens // WS_BLOCK_K, 1) if 0 < left <= w.tail else (triton.cdiv(p.tokens, WS_BLOCK_K), 0)
+    full_steps, tail_steps = _steps(p.tokens, w)
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
     store = [WS_BLOCK_M, WS_STORE_WIDTH]
@@ -391,7 +416,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
         _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
         _gluon_descriptor(a, [w.tail, WS_BLOCK_M]), _gluon_descriptor(b, [w.tail, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
-        m, n, m if c_high is None else c.shape[0], full_steps, tail_steps, STAGES=w.stages, num_warps=8,
+        m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages, num_warps=8,
     )  # fmt: skip
 
 
@@ -450,13 +475,15 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"side_prologue must be one of {get_args(SidePrologue)}, not {plan.side_prologue!r}")
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
-    if plan.grad_w13_warp_specialized is not None and plan.grad_w13_warp_specialized.tail not in (16, 32):
-        raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {plan.grad_w13_warp_specialized.tail}")
+    for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
+        if gluon_weight_grad is not None and gluon_weight_grad.tail not in (16, 32):
+            raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {gluon_weight_grad.tail}")
     if plan.dh_programmatic_launch and plan.dh_warp_specialized is None:
         raise ValueError("the programmatic launch of dh behind the gather needs the warp-specialised dh, which waits for it")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
-    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), plan.grad_w2.block_k, not plan.dx_warp_specialized)
+    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, inputs["token_indices"].numel()),
+                not plan.dx_warp_specialized)  # fmt: skip
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
     # tensor-core work; the plan's side_prologue may put the zeros behind grad_w2, or both once dh is done), then
@@ -479,7 +506,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, plan.grad_w2_on_side):
         if side_operands_ready is not None and not plan.grad_w2_on_side:
             caller.wait_event(side_operands_ready)  # ge may come from the side stream
-        grad_w2(p, plan.grad_w2)
+        grad_w2(p, plan.grad_w2, plan.grad_w2_warp_specialized)
         if plan.side_prologue == "zeros_after_grad_w2":
             zero_unselected(p)
     if plan.dh_warp_specialized is not None:

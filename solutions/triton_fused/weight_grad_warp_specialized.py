@@ -1,5 +1,5 @@
-"""[grad_w1; grad_w3] = [d_a | d_up]^T @ x16 as a warp-specialised Gluon kernel (Hopper), with a short last K step (the
-plans use it at 128 < T <= 256).
+"""[grad_w1; grad_w3] = [d_a | d_up]^T @ x16, and grad_w2 = ge^T @ gated_output, as a warp-specialised Gluon kernel
+(Hopper), with a short last K step (the plans use it for both at 128 < T <= 256).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
 multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
@@ -21,8 +21,11 @@ of staging (half a tile): 4 stages take 224 KB; with 3 the kernel is 11% slower 
 
 Rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to whole steps), so the sums
 are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the same order, less those of
-the padded step's 16-row chunks past the short step, which hold only zeros. Precision: as in Triton's kernel (SPEC
-section 4): fp16 operands exact or rounded once, fp32 accumulation, one rounding to bf16.
+the padded step's 16-row chunks past the short step, which hold only zeros. For grad_w2 (A = ge, B = gated_output,
+bf16, M = H) B is an input of T rows: the last step, short or whole, reads B's rows that end at row T, and the gather
+has shifted ge's last block behind as many zero rows (the rule of Triton's kernel, with the step's own rows), so
+the bits are again Triton's. Precision: as in Triton's kernel (SPEC section 4): fp16 or bf16 operands exact or
+rounded once, fp32 accumulation, one rounding to bf16.
 """
 
 from __future__ import annotations
@@ -48,9 +51,11 @@ def _tile_origin(tile, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, FULL_STEPS, TAIL_STEPS):
+def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, B_ROWS, FULL_STEPS,
+                   TAIL_STEPS):  # fmt: skip
     """Loader partition: each tile's FULL_STEPS whole K steps, then its TAIL_STEPS (0 or 1) short one, into stage
-    step % STAGES once the products have released it (`empty`); `ready` counts the bytes in."""
+    step % STAGES once the products have released it (`empty`); `ready` counts the bytes in. The step at A's row k
+    reads B's rows from min(k, B_ROWS - its rows), as in Triton's kernel."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
@@ -67,11 +72,12 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
         if kk < FULL_STEPS:
             mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], bar, b_bufs.index(s))
         else:
             mbarrier.expect(bar, a_tail_desc.block_type.nbytes + b_tail_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s).slice(0, TAIL))
-            tma.async_copy_global_to_shared(b_tail_desc, [kk * BLOCK_K, off_n], bar, b_bufs.index(s).slice(0, TAIL))
+            tma.async_copy_global_to_shared(b_tail_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - TAIL), off_n], bar,
+                                            b_bufs.index(s).slice(0, TAIL))  # fmt: skip
 
 
 @gluon.jit
@@ -152,17 +158,20 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
     tma.store_wait(0)
 
 
-@gluon.jit(do_not_specialize=["FULL_STEPS", "TAIL_STEPS"])
+@gluon.jit(do_not_specialize=["B_ROWS", "FULL_STEPS", "TAIL_STEPS"])
 def weight_grad_ws_kernel(
     a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc,
-    M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS,
+    M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
     STAGES: gl.constexpr,  # shared-memory stages of (dd, x16) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     num_warps: gl.constexpr,  # the product warps: 8 for two warpgroups of 64 rows
 ):  # fmt: skip
-    """[c; c_high] (M = 2F rows, split at HIGH_FROM) = A^T @ B over FULL_STEPS K steps of BLOCK_K rows and TAIL_STEPS
-    (0 or 1) of TAIL rows. a_desc and b_desc are the fp16 (ROWS, M) dd and (ROWS, N) x16 in [BLOCK_K, BLOCK_M] and
-    [BLOCK_K, BLOCK_N] blocks, a_tail_desc and b_tail_desc the same tensors in [TAIL, .] blocks, c_desc and c_high_desc
-    the bf16 outputs in [BLOCK_M, WIDTH] pieces (BLOCK_N / WIDTH of them a tile, half of them staged at a time)."""
+    """[c; c_high] (M rows, split at HIGH_FROM) = A^T @ B over FULL_STEPS K steps of BLOCK_K rows and TAIL_STEPS
+    (0 or 1) of TAIL rows. a_desc and b_desc are A (rows padded with zeros, M columns) and B (B_ROWS rows, N columns)
+    in [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N] blocks: the fp16 dd and x16 for grad_w1/grad_w3 (M = 2F, B padded
+    too), or ge and the input gated_output of T rows for grad_w2 (M = H), whose last step is read as the block that
+    ends at row T against the block of ge that the gather has shifted to match (gather_kernel, with that step's rows).
+    a_tail_desc and b_tail_desc are the same tensors in [TAIL, .] blocks, c_desc and c_high_desc the bf16 outputs in
+    [BLOCK_M, WIDTH] pieces (BLOCK_N / WIDTH of them a tile, half of them staged at a time)."""
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WIDTH: gl.constexpr = c_desc.block_type.shape[1]
     a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES)
@@ -171,8 +180,8 @@ def weight_grad_ws_kernel(
         [
             (_products, (a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,
                          TAIL_STEPS, a_tail_desc.block_type.shape[0], num_warps)),
-            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, FULL_STEPS,
-                              TAIL_STEPS)),
+            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, B_ROWS,
+                              FULL_STEPS, TAIL_STEPS)),
         ],
         [1],  # the loader warp
         [24],  # its registers: it needs few
