@@ -33,6 +33,18 @@ def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:
     return {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
 
 
+def outputs_by_plan(module, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], plans) -> list[list[torch.Tensor]]:
+    """Each plan's five outputs from one backward over the same inputs (filled with NaN before each call, so that a
+    value left unwritten shows)."""
+    results = []
+    for plan in plans:
+        for out in outputs:
+            out.fill_(float("nan"))
+        module.backward(*inputs.values(), *outputs, plan=plan)
+        results.append([out.clone() for out in outputs])
+    return results
+
+
 @pytest.fixture
 def interpreted():
     """The solution's module with its kernels in Triton's CPU interpreter (tests/conftest.py turns it on)."""
@@ -372,12 +384,7 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
         layouts.append(dataclasses.replace(plan, dh_programmatic_launch=not plan.dh_programmatic_launch))
     layouts += [dataclasses.replace(plan, side_prologue=where) for where in ("first", "zeros_after_grad_w2") if where != plan.side_prologue]
     layouts.append(plan.on_one_stream())
-    results = []
-    for layout in layouts:
-        for out in outputs:
-            out.fill_(float("nan"))
-        module.backward(*inputs.values(), *outputs, plan=layout)
-        results.append([out.clone() for out in outputs])
+    results = outputs_by_plan(module, inputs, outputs, layouts)
     for spec, *versions in zip(OUTPUTS, *results):
         assert all(torch.equal(version, versions[0]) for version in versions[1:]), spec.name
 
@@ -396,12 +403,7 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int) -> 
     outputs = list(cuda_outputs(dims).values())
     triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
     gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=module.WarpSpecializedWeightGrad(4, tail))
-    results = []
-    for variant in (triton_kernel, gluon):
-        for out in outputs:
-            out.fill_(float("nan"))
-        module.backward(*inputs.values(), *outputs, plan=variant)
-        results.append([out.clone() for out in outputs])
+    results = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon))
     for spec, triton_bits, gluon_bits in zip(OUTPUTS, *results):
         assert torch.equal(gluon_bits, triton_bits), spec.name
 
