@@ -125,18 +125,30 @@ def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: boo
     assert_match_in_float32(outputs, expected)
 
 
-@pytest.mark.parametrize("side_prologue", ["first", "zeros_after_grad_w2", "after_dh"])
-def test_side_prologue_placements(interpreted, side_prologue: str) -> None:
-    """zero_unselected and routing_x16 issued where Plan.side_prologue says: grad_w1/grad_w3 and scatter, which read
-    x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
-    plan = dataclasses.replace(small_plan(interpreted), side_prologue=side_prologue)
+@pytest.mark.parametrize(
+    ("x16_at", "zeros_at"),
+    [("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"), ("after_gather", "after_grad_w2"), ("after_dh", "last")],
+)
+def test_x16_and_zeros_placements(interpreted, x16_at: str, zeros_at: str) -> None:
+    """routing_x16 and zero_unselected issued where Plan.x16_at and Plan.zeros_at say: grad_w1/grad_w3 and scatter,
+    which read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
+    plan = dataclasses.replace(small_plan(interpreted), x16_at=x16_at, zeros_at=zeros_at)
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
 
 
-def test_unknown_side_prologue_is_refused(interpreted) -> None:
-    plan = dataclasses.replace(small_plan(interpreted), side_prologue="last")
-    with pytest.raises(ValueError, match="side_prologue must be one of"):
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"x16_at": "last"}, "x16_at must be one of"),
+        ({"zeros_at": "after_gather"}, "zeros_at must be one of"),
+        ({"zeros_at": "last", "scatter_on_side": True}, "zeros_at 'last'"),
+        ({"x16_at": "after_gather", "dh_gathers_rows": True}, "x16_at 'after_gather'"),
+    ],
+)
+def test_impossible_x16_or_zeros_placement_is_refused(interpreted, changes: dict, message: str) -> None:
+    plan = dataclasses.replace(small_plan(interpreted), **changes)
+    with pytest.raises(ValueError, match=message):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
@@ -364,9 +376,10 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     """The streams only reorder work: placements of grad_w2, dx's halves, scatter and grad_w1/grad_w3 on the two
     streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's kernel), zero_unselected and
-    routing_x16 first, behind grad_w2 or after dh (Plan.side_prologue), or all of it on the caller's stream, and the
+    routing_x16 where Plan.x16_at and Plan.zeros_at put them, or all of it on the caller's stream, and the
     Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits (a missing wait
-    between the streams, or in dh for the gather, would read a buffer before it is written). T = 215: Triton's dh
+    between the streams, or in dh for the gather, would read a buffer before it is written), as must the Gluon dh on
+    fewer programs than SMs (WarpSpecializedDh.fewest_programs). T = 215: Triton's dh
     gathering its own rows, the Gluon dx and grad_w1/grad_w3; T = 336: the Gluon dh, Triton's dx."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
@@ -382,7 +395,14 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
         layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))
     else:  # dh launched behind the gather as a programmatic dependent, or not (its wait for the gather must hold)
         layouts.append(dataclasses.replace(plan, dh_programmatic_launch=not plan.dh_programmatic_launch))
-    layouts += [dataclasses.replace(plan, side_prologue=where) for where in ("first", "zeros_after_grad_w2") if where != plan.side_prologue]
+        # x16 behind the gather beside dh on the SMs its fewest programs leave free (the 2048 bucket's layout)
+        fewest = dataclasses.replace(plan.dh_warp_specialized, fewest_programs=True)
+        layouts.append(dataclasses.replace(plan, dh_warp_specialized=fewest, x16_at="after_gather", zeros_at="after_grad_w2"))
+    layouts += [
+        dataclasses.replace(plan, x16_at=x16_at, zeros_at=zeros_at)
+        for x16_at, zeros_at in (("start", "start"), ("start", "after_grad_w2"), ("after_dh", "last"))
+        if (x16_at, zeros_at) != (plan.x16_at, plan.zeros_at)
+    ]
     layouts.append(plan.on_one_stream())
     results = outputs_by_plan(module, inputs, outputs, layouts)
     for spec, *versions in zip(OUTPUTS, *results):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
@@ -74,18 +74,23 @@ class WarpSpecializedDh:
     act_width: int  # ffn columns per epilogue piece
     act_buffers: int  # epilogue pieces whose activations are in flight
     block_n: int = 256  # ffn columns per tile: 128 gives twice the tiles, so the busiest program is nearer the average
+    # As few programs as keep the busiest one's tile count (tiles / SMs, rounded up) rather than one per SM: the
+    # makespan is the same, and the SMs left free run the side stream's kernels from the start rather than only
+    # once the programs with fewer tiles end.
+    fewest_programs: bool = False
 
 
 @dataclass(frozen=True)
 class WarpSpecializedWeightGrad:
-    """The Gluon grad_w1/grad_w3's configuration (tiles of 128 rows of 2F x 256 columns of H, K steps of 64 tokens,
-    8 product warps; weight_grad_warp_specialized.py)."""
+    """The Gluon weight gradient's configuration, for grad_w1/grad_w3 or grad_w2 (tiles of 128 output rows x 256
+    columns, K steps of 64 tokens, 8 product warps; weight_grad_warp_specialized.py)."""
 
     stages: int  # operand stages in shared memory
     tail: int  # 16 or 32: a last K step of at most this many tokens is a step of this many rows, not of 64
 
 
-SidePrologue = Literal["first", "zeros_after_grad_w2", "after_dh"]
+X16At = Literal["start", "after_gather", "after_dh"]
+ZerosAt = Literal["start", "after_grad_w2", "after_dh", "last"]
 
 
 @dataclass(frozen=True)
@@ -130,16 +135,16 @@ class Plan:
     # grad_w2 by the same Gluon kernel (`grad_w2` is then unused): its last step, short or whole, reads the rows of
     # gated_output that end at row T, against ge's last block as the gather shifts it for that step's rows.
     grad_w2_warp_specialized: WarpSpecializedWeightGrad | None = None
-    # Where zero_unselected and routing_x16 run on the side stream. "first": both ahead of grad_w2, beside dh.
-    # "zeros_after_grad_w2": x16 first, the zeros right behind grad_w2 (grad_w2 starts earlier, the zeros run beside
-    # grad_w1/grad_w3; same-process A/B against "first", means of three: T = 196-256 -0.5 to -7.7 us, the most at
-    # B = 4096; again with benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at
-    # T = 256 with B = 4096 / 2053 / 2048 / 512).
-    # "after_dh": both once dh is done, beside dx (grad_w2 starts beside dh as soon as ge is written; T = 296 -4.6 us,
-    # 336 -5.7 against "first" with Triton's dh, +19 with the Gluon dh's gather first: v13, v18). From T = 513, with
-    # "first", x16 keeps grad_w2 from taking the SMs before the persistent Gluon dh: the others are slower there
-    # (docs/performance.md, v13).
-    side_prologue: SidePrologue = "first"
+    # Where routing_x16 (x16 and the routing sums, which grad_w1/grad_w3 and scatter read) runs on the side stream.
+    # "start": first, beside dh. "after_gather": once the gather is done, ahead of grad_w2; with the Gluon dh launched
+    # as a programmatic dependent of the gather, dh's programs hold their SMs by then, and x16 runs on those that dh's
+    # fewest_programs grid leaves free (T = 2048: dh starts at 20 us instead of 41). "after_dh": once dh is done, so
+    # that nothing delays dh (from T = 257, where only the gather runs ahead of it).
+    x16_at: X16At = "start"
+    # Where zero_unselected (the rows and routing entries no token selects, which only the end of the call needs) runs
+    # on the side stream: "start", "after_grad_w2", "after_dh" (ahead of x16 when that is after dh too), or "last",
+    # after everything else there (not with scatter_on_side, which must follow it).
+    zeros_at: ZerosAt = "start"
 
     @property
     def uses_side_stream(self) -> bool:
@@ -190,8 +195,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # grad_w2 by the same Gluon kernel, its last step reading the rows of gated_output that end at T (A/B against
     # Triton's 128 x 128 pair, means of three: T = 196 -3.1 us, 215 -3.7, 256 +0.1 and +1.0; at 336 -2.8, but at 296
     # +0.8 and at 496-512 +6.7 to +7.4, so T = 257-512 keeps Triton's: v19).
+    # The zeros right behind grad_w2 rather than first: grad_w2 starts earlier, the zeros run beside grad_w1/grad_w3
+    # (same-process A/B, means of three: T = 196-256 -0.5 to -7.7 us, the most at B = 4096; again with
+    # benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at T = 256 with
+    # B = 4096 / 2053 / 2048 / 512: v14).
     (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
-               side_prologue="zeros_after_grad_w2", dx_warp_specialized=True,
+               zeros_at="after_grad_w2", dx_warp_specialized=True,
                grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32),
                grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
@@ -206,11 +215,20 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # slower in the 256 bucket (+5 to +12) and at 2048 (+60); v18). dh is launched as a programmatic dependent of
     # the gather, so grad_w2 no longer takes the SMs first in some calls (A/B, means of three: T = 296 -4.0 us, 336
     # -2.7, 496 -2.3, 512 -2.3; at 2048 -0.6, within its noise, so that bucket goes without; v19).
+    # x16 and the zeros once dh is done, beside dx, so that grad_w2 starts beside dh as soon as ge is written (T = 296
+    # -4.6 us, 336 -5.7 against both first with Triton's dh, +19 with the Gluon dh behind the gather: v13, v18).
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, side_prologue="after_dh",
+               dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
                dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True)),
+    # From T = 513: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
+    # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
+    # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
+    # (timeline at T = 2048: dh starts at 20 us instead of 41, x16 22-404 us beside it, grad_w2 starts at dh's end
+    # and takes 311 us instead of 365 in dh's tail; same-process A/B against x16 and the zeros first, means of six:
+    # -12.1 and -8.9 us in two runs; the fewest programs alone -5.9; v20).
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
-                   dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1))),
+                   dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1, fewest_programs=True), dh_programmatic_launch=True,
+                   x16_at="after_gather", zeros_at="after_grad_w2")),
 )
 
 
@@ -349,13 +367,17 @@ def _gluon_descriptor(tensor: torch.Tensor, block_shape: list[int]) -> GluonTens
 
 
 def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, after_gather: bool = False) -> None:
-    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor; after_gather: launched
-    as a programmatic dependent of the gather, the kernel issued just before it on this stream."""
+    """dh and the SwiGLU backward by the Gluon kernel: one persistent program per multiprocessor (or fewer:
+    w.fewest_programs); after_gather: launched as a programmatic dependent of the gather, the kernel issued just before
+    it on this stream."""
     _require_gpu(p.g, "dh")
     i = p.inputs
     activations = [_gluon_descriptor(i[name], [WS_BLOCK_M, w.act_width]) for name in ("w1_output", "up_output", "gate_output")]
     tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, w.block_n)
-    dh_swiglu_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
+    programs = min(tiles, _multiprocessors(p.device))
+    if w.fewest_programs:
+        programs = triton.cdiv(tiles, triton.cdiv(tiles, programs))
+    dh_swiglu_ws_kernel[(programs,)](
         _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
         *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
         STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=after_gather, num_warps=8, launch_pdl=after_gather,
@@ -381,20 +403,23 @@ def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch
     )  # fmt: skip
 
 
+def _weight_grad_launch(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | None) -> Callable[..., None]:
+    """launch(a, b, c, c_high=None) of _weight_grad: by Triton's kernel in tile t, or by the Gluon kernel."""
+    if warp_specialized is None:
+        return functools.partial(_weight_grad, p, t)
+    return functools.partial(_weight_grad_warp_specialized, p, warp_specialized)
+
+
 def grad_w2(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | None = None) -> None:
     """grad_w2 = ge^T @ gated_output by Triton's kernel in tile t, or by the Gluon kernel."""
-    if warp_specialized is None:
-        _weight_grad(p, t, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
-    else:
-        _weight_grad_warp_specialized(p, warp_specialized, p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
+    _weight_grad_launch(p, t, warp_specialized)(p.ge, p.inputs["gated_output"], p.outputs["grad_w2_weight"])
 
 
 def grad_w13(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | None = None) -> None:
     """One launch over the 2F rows of [grad_w1; grad_w3] when F is a multiple of the tile's rows (no tile then
     straddles the two outputs), else one launch per weight; by Triton's kernel in tile t, or by the Gluon kernel."""
     w1, w3 = p.outputs["grad_w1_weight"], p.outputs["grad_w3_weight"]
-    launch = functools.partial(_weight_grad, p, t) if warp_specialized is None else functools.partial(
-        _weight_grad_warp_specialized, p, warp_specialized)
+    launch = _weight_grad_launch(p, t, warp_specialized)
     if p.ffn % (t.block_m if warp_specialized is None else WS_BLOCK_M) == 0:
         launch(p.dd, p.x_precise, w1, w3)
     else:
@@ -406,7 +431,8 @@ def grad_w13(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | 
 def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: torch.Tensor, b: torch.Tensor,
                                   c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:  # fmt: skip
     """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of w.tail rows where at most
-    that many tokens are left (the rows past T are zeros in both operands, padded to ROW_PAD)."""
+    that many tokens are left (a's rows past T are zeros, padded to ROW_PAD; b's too where it is padded, else its
+    last step is read as the rows that end at T, as weight_grad_kernel reads it)."""
     _require_gpu(a, "weight gradient")
     full_steps, tail_steps = _steps(p.tokens, w)
     m, n = a.shape[1], b.shape[1]
@@ -471,13 +497,18 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
-    if plan.side_prologue not in get_args(SidePrologue):
-        raise ValueError(f"side_prologue must be one of {get_args(SidePrologue)}, not {plan.side_prologue!r}")
+    for field, allowed in (("x16_at", X16At), ("zeros_at", ZerosAt)):
+        if getattr(plan, field) not in get_args(allowed):
+            raise ValueError(f"{field} must be one of {get_args(allowed)}, not {getattr(plan, field)!r}")
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
         if gluon_weight_grad is not None and gluon_weight_grad.tail not in (16, 32):
             raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {gluon_weight_grad.tail}")
+    if plan.x16_at == "after_gather" and (plan.dh_gathers_rows or not plan.grad_w2_on_side):
+        raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
+    if plan.zeros_at == "last" and plan.scatter_on_side:
+        raise ValueError("zeros_at 'last' puts the zeros behind everything on the side stream, scatter_on_side's scatter too")
     if plan.dh_programmatic_launch and plan.dh_warp_specialized is None:
         raise ValueError("the programmatic launch of dh behind the gather needs the warp-specialised dh, which waits for it")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
@@ -485,20 +516,19 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, inputs["token_indices"].numel()),
                 not plan.dx_warp_specialized)  # fmt: skip
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
-    # nothing computed (the zeros of unselected rows, x16 and the routing sums: memory traffic beside dh's
-    # tensor-core work; the plan's side_prologue may put the zeros behind grad_w2, or both once dh is done), then
-    # grad_w2 once the gather has written ge, then whatever of dx, scatter and
-    # grad_w1/grad_w3 the plan puts there once dh (for scatter: all of dx) is done. The caller's stream waits for x16
-    # (and ge, if it runs grad_w2) before grad_w1/grad_w3 and for all of the side stream before its scatter, so every
-    # buffer outlives its use there and the caller's stream sees all of the work.
+    # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
+    # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
+    # whatever of dx, scatter and grad_w1/grad_w3 the plan puts there once dh (for scatter: all of dx) is done. The
+    # caller's stream waits for x16 (and ge, if it runs grad_w2) before grad_w1/grad_w3 and for all of the side stream
+    # before its scatter, so every buffer outlives its use there and the caller's stream sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and plan.uses_side_stream else None
     caller = torch.cuda.current_stream() if side is not None else None  # only used with a side stream
     with _beside(side, True):
         if plan.dh_gathers_rows:
             gather(p, write_g=False)
-        if plan.side_prologue == "first":
+        if plan.zeros_at == "start":
             zero_unselected(p)
-        if plan.side_prologue != "after_dh":
+        if plan.x16_at == "start":
             routing_x16(p)
         side_operands_ready = _recorded_event(side)
     if not plan.dh_gathers_rows:
@@ -506,19 +536,24 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, plan.grad_w2_on_side):
         if side_operands_ready is not None and not plan.grad_w2_on_side:
             caller.wait_event(side_operands_ready)  # ge may come from the side stream
+        if plan.x16_at == "after_gather":
+            routing_x16(p)
+            side_operands_ready = _recorded_event(side)
         grad_w2(p, plan.grad_w2, plan.grad_w2_warp_specialized)
-        if plan.side_prologue == "zeros_after_grad_w2":
+        if plan.zeros_at == "after_grad_w2":
             zero_unselected(p)
     if plan.dh_warp_specialized is not None:
         dh_swiglu_warp_specialized(p, plan.dh_warp_specialized, plan.dh_programmatic_launch)
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
-    if plan.side_prologue == "after_dh":
+    if "after_dh" in (plan.x16_at, plan.zeros_at):
         with _after(side, dh_done):
-            zero_unselected(p)
-            routing_x16(p)
-        side_operands_ready = _recorded_event(side)
+            if plan.zeros_at == "after_dh":
+                zero_unselected(p)
+            if plan.x16_at == "after_dh":
+                routing_x16(p)
+                side_operands_ready = _recorded_event(side)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized)
     scatter_on_side = side is not None and plan.scatter_on_side
@@ -536,6 +571,9 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if side_operands_ready is not None:
             caller.wait_event(side_operands_ready)
         grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
+    if plan.zeros_at == "last":
+        with _after(side, dh_done):  # the side stream is past dh_done already
+            zero_unselected(p)
     if side is not None:
         caller.wait_stream(side)
     if not scatter_on_side:

@@ -7,19 +7,22 @@ against 109 at T = 192 (docs/performance.md, v16). A smaller last step inside Tr
 it saves (its loads are multi-buffered like the others). Here the loads are the kernel's own:
 
 - one loader warp streams each tile's K steps by TMA into a ring of STAGES shared-memory stages, across tile
-  boundaries: dd[k rows, tile's 128 columns] (fp16, one (ROWS, 2F) descriptor) and x16[k rows, tile's 256 columns];
-  a last step of at most TAIL rows comes through descriptors of TAIL-row blocks into the first TAIL rows of a stage;
-- the default partition (8 warps, two warpgroups of 64 x 256 wgmma) accumulates the tile in fp32 with dd's block read
+  boundaries: A[k rows, tile's 128 columns] and B[k rows, tile's 256 columns] (for grad_w1/grad_w3 the fp16 dd, one
+  (ROWS, 2F) descriptor, and x16; for grad_w2 ge and gated_output, bf16); a last step of at most TAIL rows comes
+  through descriptors of TAIL-row blocks into the first TAIL rows of a stage;
+- the default partition (8 warps, two warpgroups of 64 x 256 wgmma) accumulates the tile in fp32 with A's block read
   transposed from shared memory, one wgmma in flight while the next is issued, and stores the tile before it in bf16
   while its own first two wgmma run: half the columns to shared memory and out by TMA under each.
 
-The tile is 128 rows of the 2F x 256 columns of H; program p takes tiles p, p + programs, ... row by row of tiles
-(the column tile fastest), one program per SM. Where F is a multiple of 128 one launch covers both weights: rows
+The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns
+(of H, or of F); program p takes tiles p, p + programs, ... row by row of tiles (the column tile fastest), one
+program per SM. Where F is a multiple of 128 one launch covers both weights: rows
 [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one
 launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 32 KB
 of staging (half a tile): 4 stages take 224 KB; with 3 the kernel is 11% slower at T = 256.
 
-Rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to whole steps), so the sums
+For grad_w1/grad_w3 the rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to
+whole steps), so the sums
 are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the same order, less those of
 the padded step's 16-row chunks past the short step, which hold only zeros. For grad_w2 (A = ge, B = gated_output,
 bf16, M = H) B is an input of T rows: the last step, short or whole, reads B's rows that end at row T, and the gather
@@ -162,7 +165,7 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
 def weight_grad_ws_kernel(
     a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc,
     M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
-    STAGES: gl.constexpr,  # shared-memory stages of (dd, x16) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
+    STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     num_warps: gl.constexpr,  # the product warps: 8 for two warpgroups of 64 rows
 ):  # fmt: skip
     """[c; c_high] (M rows, split at HIGH_FROM) = A^T @ B over FULL_STEPS K steps of BLOCK_K rows and TAIL_STEPS
