@@ -175,7 +175,8 @@ def dh_swiglu_ws_kernel(
 ):  # fmt: skip
     """dd = [d_a | d_up] and its bf16 copy dd_low from dh = diag(w) (g @ w2), persistent programs (one per SM, or as
     few as keep the busiest one's tile count; the launcher decides) walking the 128 x BLOCK_N tiles
-    `program_id, program_id + programs, ...`, token tile fastest (each byte of w2 from HBM once). g is the gathered, zero-padded copy of the T rows (ROWS of them); the activations are the (T, F) inputs.
+    `program_id, program_id + programs, ...`, token tile fastest (each byte of w2 from HBM once). g is the gathered,
+    zero-padded copy of the T rows (ROWS of them); the activations are the (T, F) inputs.
 
     Shared memory at BLOCK_K = 64 and ACT_WIDTH = 16: STAGES x (16 + BLOCK_N / 8) KB of operand stages, the
     BLOCK_N / 4 KB fp16 handoff and ACT_BUFFERS x 3 x 4 KB: with 128 x 256 tiles 3 stages and one activation buffer

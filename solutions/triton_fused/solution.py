@@ -225,7 +225,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
     # (timeline at T = 2048: dh starts at 20 us instead of 41, x16 22-404 us beside it, grad_w2 starts at dh's end
     # and takes 311 us instead of 365 in dh's tail; same-process A/B against x16 and the zeros first, means of six:
-    # -12.1 and -8.9 us in two runs; the fewest programs alone -5.9; v20).
+    # -12.1, -8.9 and -17.2 us in three runs; the fewest programs alone -5.9; v20).
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1, fewest_programs=True), dh_programmatic_launch=True,
                    x16_at="after_gather", zeros_at="after_grad_w2")),

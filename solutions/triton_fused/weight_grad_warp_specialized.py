@@ -119,7 +119,7 @@ def _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH
 @gluon.jit
 def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS,
               TAIL: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """Default partition: each tile's acc = dd block^T @ x16 block over its K steps (a short last one of TAIL rows
+    """Default partition: each tile's acc = A block^T @ B block over its K steps (a short last one of TAIL rows
     where TAIL_STEPS = 1), the tile before stored under the first two wgmma, the last tile after the loop."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
