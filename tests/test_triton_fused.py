@@ -410,19 +410,21 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("by_column", [False, True], ids=["by_row", "by_column"])
 @pytest.mark.parametrize("tail", [16, 32])
 @pytest.mark.parametrize("dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2371, 296), Dims(2689, 336), Dims(512, 64)],
                          ids=lambda d: f"T{d.num_tokens}")  # fmt: skip
-def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int) -> None:
+def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int, by_column: bool) -> None:
     """grad_w2 by the Gluon kernel, whose last step (short where at most `tail` tokens are left) reads gated_output's
     rows that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the
-    same order, less zero rows), and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48:
-    a whole last step, shifted), 296 (40), 336 (16), 64 (no remainder)."""
+    same order, less zero rows), in either tile order, and every other output is unchanged. T = 196 (4 tokens past
+    192), 215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 64 (no remainder)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
     triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
-    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=module.WarpSpecializedWeightGrad(4, tail))
+    gluon_kernel = module.WarpSpecializedWeightGrad(4, tail, by_column)
+    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=gluon_kernel)
     results = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon))
     for spec, triton_bits, gluon_bits in zip(OUTPUTS, *results):
         assert torch.equal(gluon_bits, triton_bits), spec.name

@@ -1,6 +1,7 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
-from T = 257, dx in dx_warp_specialized.py and grad_w1/grad_w3 in weight_grad_warp_specialized.py at 128 < T <= 256).
+from T = 257, dx in dx_warp_specialized.py at 128 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py
+from T = 129: grad_w2 up to T = 512, grad_w1/grad_w3 at every T from there).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -50,6 +51,9 @@ WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tile
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
+# Registers per thread of the warp-specialised weight gradient's second product warpgroup (ptxas gives the first 248
+# and the loader warp 24: with 12 warps, an SM's 64K registers allow that much).
+PRODUCT_REGS = 232
 
 
 @dataclass(frozen=True)
@@ -83,10 +87,14 @@ class WarpSpecializedDh:
 @dataclass(frozen=True)
 class WarpSpecializedWeightGrad:
     """The Gluon weight gradient's configuration, for grad_w1/grad_w3 or grad_w2 (tiles of 128 output rows x 256
-    columns, K steps of 64 tokens, 8 product warps; weight_grad_warp_specialized.py)."""
+    columns, two product warpgroups of 64 rows taking turns at the tensor cores, K steps of 64 tokens;
+    weight_grad_warp_specialized.py)."""
 
     stages: int  # operand stages in shared memory
     tail: int  # 16 or 32: a last K step of at most this many tokens is a step of this many rows, not of 64
+    # The tiles column by column (else row by row): for grad_w2 from T = 257 a wave of tiles then shares a few
+    # column slabs of gated_output, as Triton's kernel in _WGRAD_WIDE_BY_COLUMN.
+    by_column: bool = False
 
 
 X16At = Literal["start", "after_gather", "after_dh"]
@@ -189,12 +197,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
     # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
     # grad_w1/grad_w3 as the Gluon kernel with a last step of up to 32 tokens (A/B against Triton's kernel, means of
-    # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4; at T = 296 and 336 the
-    # Gluon kernel with a tail of 16 is +7.1 and -5.7 (+3.7 and -5.6 beside v18's dh), so T = 257-512 keeps
-    # Triton's: v17, v18).
+    # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4: v17).
     # grad_w2 by the same Gluon kernel, its last step reading the rows of gated_output that end at T (A/B against
-    # Triton's 128 x 128 pair, means of three: T = 196 -3.1 us, 215 -3.7, 256 +0.1 and +1.0; at 336 -2.8, but at 296
-    # +0.8 and at 496-512 +6.7 to +7.4, so T = 257-512 keeps Triton's: v19).
+    # Triton's 128 x 128 pair, means of three: T = 196 -3.1 us, 215 -3.7, 256 +0.1 and +1.0: v19). Since v21 the
+    # Gluon kernel's two warpgroups work independently (A/B of both weight gradients so against v20's kernel, means of
+    # three: T = 196 -10.5 us, 215 -10.6, 256 -14.3, -13.8 and -14.5 at B = 4096, 2053 and 512).
     # The zeros right behind grad_w2 rather than first: grad_w2 starts earlier, the zeros run beside grad_w1/grad_w3
     # (same-process A/B, means of three: T = 196-256 -0.5 to -7.7 us, the most at B = 4096; again with
     # benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at T = 256 with
@@ -217,18 +224,24 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # -2.7, 496 -2.3, 512 -2.3; at 2048 -0.6, within its noise, so that bucket goes without; v19).
     # x16 and the zeros once dh is done, beside dx, so that grad_w2 starts beside dh as soon as ge is written (T = 296
     # -4.6 us, 336 -5.7 against both first with Triton's dh, +19 with the Gluon dh behind the gather: v13, v18).
+    # Both weight gradients by the Gluon kernel, grad_w2's tiles column by column as in Triton's (same-process A/B
+    # against Triton's kernels, means of three: T = 296 -3.0 us, 336 -9.8, 496 -3.1, 512 -2.4; grad_w1/grad_w3 alone
+    # -1.6, -6.5, -2.2, -1.8: v21).
     (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
-               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True)),
+               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
+               grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 16),
+               grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 16, by_column=True))),
     # From T = 513: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
     # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
     # (timeline at T = 2048: dh starts at 20 us instead of 41, x16 22-404 us beside it, grad_w2 starts at dh's end
     # and takes 311 us instead of 365 in dh's tail; same-process A/B against x16 and the zeros first, means of six:
-    # -12.1, -8.9 and -17.2 us in three runs; the fewest programs alone -5.9; v20).
+    # -12.1, -8.9 and -17.2 us in three runs; the fewest programs alone -5.9; v20). grad_w1/grad_w3 by the Gluon
+    # kernel (A/B at T = 2048, means of three: -7.0 and -5.2 us; grad_w2 so too, column by column, +2.1: v21).
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1, fewest_programs=True), dh_programmatic_launch=True,
-                   x16_at="after_gather", zeros_at="after_grad_w2")),
+                   x16_at="after_gather", zeros_at="after_grad_w2", grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 16))),
 )
 
 
@@ -437,12 +450,13 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     full_steps, tail_steps = _steps(p.tokens, w)
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
-    store = [WS_BLOCK_M, WS_STORE_WIDTH]
+    store = [WS_BLOCK_M // 2, WS_STORE_WIDTH]
     weight_grad_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
         _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
         _gluon_descriptor(a, [w.tail, WS_BLOCK_M]), _gluon_descriptor(b, [w.tail, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
-        m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages, num_warps=8,
+        m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages,
+        BY_COLUMN=w.by_column, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 
 

@@ -1,34 +1,43 @@
 """[grad_w1; grad_w3] = [d_a | d_up]^T @ x16, and grad_w2 = ge^T @ gated_output, as a warp-specialised Gluon kernel
-(Hopper), with a short last K step (the plans use it for both at 128 < T <= 256).
+(Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it from T = 129
+on: both weight gradients up to T = 512, grad_w1/grad_w3 above).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
 multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
 against 109 at T = 192 (docs/performance.md, v16). A smaller last step inside Triton's pipelined loop costs more than
-it saves (its loads are multi-buffered like the others). Here the loads are the kernel's own:
+it saves (its loads are multi-buffered like the others). Here the loads are the kernel's own. With K = T this short,
+a tile's products take about as long as storing it, so the stores must run under products:
 
 - one loader warp streams each tile's K steps by TMA into a ring of STAGES shared-memory stages, across tile
   boundaries: A[k rows, tile's 128 columns] and B[k rows, tile's 256 columns] (for grad_w1/grad_w3 the fp16 dd, one
   (ROWS, 2F) descriptor, and x16; for grad_w2 ge and gated_output, bf16); a last step of at most TAIL rows comes
   through descriptors of TAIL-row blocks into the first TAIL rows of a stage;
-- the default partition (8 warps, two warpgroups of 64 x 256 wgmma) accumulates the tile in fp32 with A's block read
-  transposed from shared memory, one wgmma in flight while the next is issued, and stores the tile before it in bf16
-  while its own first two wgmma run: half the columns to shared memory and out by TMA under each.
+- two product warpgroups, each a partition of its own (the default one and a worker, 4 warps each), read every
+  stage, each for its own 64 rows of the tile (A's block read transposed from shared memory); a stage is free once
+  both have arrived on `empty`. Each accumulates its 64 x 256 half in fp32, one wgmma in flight while the next is
+  issued, then rounds it to bf16 and stores it through its own staging buffer by TMA, 128 columns at a time.
+
+No barrier joins the two warpgroups, so they drift apart, and while one converts and stores, the other's wgmma have
+the tensor cores (ping-pong). Until v21 one 8-warp partition ran both warpgroups on the tile in step, staging the
+tile before under the next one's first two wgmma, and every tile end stalled the tensor cores: this kernel is 2-11%
+faster alone at T = 196-512 and 10-15 us faster in the whole backward at T = 196-256. Starting the second warpgroup
+a K step late changes nothing (docs/performance.md, v21).
 
 The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns
-(of H, or of F); program p takes tiles p, p + programs, ... row by row of tiles (the column tile fastest), one
-program per SM. Where F is a multiple of 128 one launch covers both weights: rows
+(of H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column
+tile fastest) or, with BY_COLUMN, column by column. Where F is a multiple of 128 one launch covers both weights: rows
 [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one
-launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 32 KB
-of staging (half a tile): 4 stages take 224 KB; with 3 the kernel is 11% slower at T = 256.
+launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16
+KB of staging: 4 stages take 224 KB. Registers: 12 warps (4 + 4 + the loader, padded to a warpgroup) leave each
+product warpgroup more than the 128 registers per thread of its accumulator.
 
 For grad_w1/grad_w3 the rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to
-whole steps), so the sums
-are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the same order, less those of
-the padded step's 16-row chunks past the short step, which hold only zeros. For grad_w2 (A = ge, B = gated_output,
-bf16, M = H) B is an input of T rows: the last step, short or whole, reads B's rows that end at row T, and the gather
-has shifted ge's last block behind as many zero rows (the rule of Triton's kernel, with the step's own rows), so
-the bits are again Triton's. Precision: as in Triton's kernel (SPEC section 4): fp16 or bf16 operands exact or
-rounded once, fp32 accumulation, one rounding to bf16.
+whole steps), so the sums are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the
+same order, less those of the padded step's 16-row chunks past the short step, which hold only zeros. For grad_w2
+(A = ge, B = gated_output, bf16, M = H) B is an input of T rows: the last step, short or whole, reads B's rows that
+end at row T, and the gather has shifted ge's last block behind as many zero rows (the rule of Triton's kernel, with
+the step's own rows), so the bits are again Triton's. Precision: as in Triton's kernel (SPEC section 4): fp16 or bf16
+operands exact or rounded once, fp32 accumulation, one rounding to bf16.
 """
 
 from __future__ import annotations
@@ -47,18 +56,21 @@ from .gluon_common import operand_ring, split_columns, wgmma_layout
 
 
 @gluon.jit
-def _tile_origin(tile, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile number -> (first row, first column) of the output, row by row of tiles."""
+def _tile_origin(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BY_COLUMN: gl.constexpr):
+    """Tile number -> (first row, first column) of the output: row by row of tiles, or column by column."""
+    if BY_COLUMN:
+        num_m = gl.cdiv(M, BLOCK_M)
+        return (tile % num_m) * BLOCK_M, (tile // num_m) * BLOCK_N
     num_n = gl.cdiv(N, BLOCK_N)
     return (tile // num_n) * BLOCK_M, (tile % num_n) * BLOCK_N
 
 
 @gluon.jit
 def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, B_ROWS, FULL_STEPS,
-                   TAIL_STEPS):  # fmt: skip
+                   TAIL_STEPS, BY_COLUMN: gl.constexpr):  # fmt: skip
     """Loader partition: each tile's FULL_STEPS whole K steps, then its TAIL_STEPS (0 or 1) short one, into stage
-    step % STAGES once the products have released it (`empty`); `ready` counts the bytes in. The step at A's row k
-    reads B's rows from min(k, B_ROWS - its rows), as in Triton's kernel."""
+    step % STAGES once both product warpgroups have released it (`empty`); `ready` counts the bytes in. The step at
+    A's row k reads B's rows from min(k, B_ROWS - its rows), as in Triton's kernel."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
@@ -69,7 +81,8 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
     for step in range(total):
         s = step % STAGES
         mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
-        off_m, off_n = _tile_origin(gl.program_id(0) + (step // k_steps) * gl.num_programs(0), N, BLOCK_M, BLOCK_N)
+        tile = gl.program_id(0) + (step // k_steps) * gl.num_programs(0)
+        off_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
         kk = step % k_steps
         bar = ready.index(s)
         if kk < FULL_STEPS:
@@ -84,80 +97,60 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
 
 
 @gluon.jit
-def _store_half(result, staging, c_desc, c_high_desc, off_m, off_n, HIGH_FROM, HALF: gl.constexpr):
-    """Column half HALF (0 or 1) of a finished tile in bf16: through the staging pieces to shared memory, then out by
-    TMA (asynchronous: the next call waits for it to have left shared memory)."""
-    PIECES: gl.constexpr = staging.shape[0]
-    WIDTH: gl.constexpr = staging.shape[2]
-    tma.store_wait(0)
-    gl.thread_barrier()  # no warp writes the staging buffers before the store that read them is done
-    pieces = split_columns(result, 2 * PIECES)
-    for i in gl.static_range(PIECES):
-        staging.index(i).store(pieces[HALF * PIECES + i])
-    fence_async_shared()
-    gl.thread_barrier()
-    if off_m < HIGH_FROM:
-        for i in gl.static_range(PIECES):
-            tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (HALF * PIECES + i) * WIDTH], staging.index(i))
-    else:
-        for i in gl.static_range(PIECES):
-            tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (HALF * PIECES + i) * WIDTH],
-                                            staging.index(i))  # fmt: skip
-
-
-@gluon.jit
-def _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, j, kk, k_steps):
-    """The tile before this program's j-th, in halves: the first after this tile's first wgmma is issued, the second
-    after its second (both after the first where the tile has one K step)."""
-    if j > 0:
-        if kk == 0:
-            _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 0)
-        if kk == gl.minimum(1, k_steps - 1):
-            _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 1)
-
-
-@gluon.jit
 def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS,
-              TAIL: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """Default partition: each tile's acc = A block^T @ B block over its K steps (a short last one of TAIL rows
-    where TAIL_STEPS = 1), the tile before stored under the first two wgmma, the last tile after the loop."""
+              TAIL: gl.constexpr, BY_COLUMN: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each tile, acc = A block^T @ B block over
+    the tile's K steps (a short last one of TAIL rows where TAIL_STEPS = 1), then the half tile in bf16 through this
+    warpgroup's staging buffer (PIECES blocks of c_desc at a time) and out by TMA. Nothing here waits for the other
+    warpgroup, so where one converts and stores, the other's wgmma have the tensor cores to themselves."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     STAGES: gl.constexpr = a_bufs.shape[0]
+    PIECES: gl.constexpr = staging.shape[0]
+    ROWS: gl.constexpr = staging.shape[1]
+    WIDTH: gl.constexpr = staging.shape[2]
+    ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     k_steps = FULL_STEPS + TAIL_STEPS
     my_tiles = gl.cdiv(gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
     step = 0
-    previous = gl.zeros((BLOCK_M, BLOCK_N), dtype=staging.dtype, layout=mma_layout)
-    prev_m = 0
-    prev_n = 0
     for j in range(my_tiles):
-        off_m, off_n = _tile_origin(gl.program_id(0) + j * gl.num_programs(0), N, BLOCK_M, BLOCK_N)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        tile_m, off_n = _tile_origin(gl.program_id(0) + j * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
+        off_m = tile_m + WARPGROUP * ROWS
+        acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for kk in range(k_steps):
             s = step % STAGES
             mbarrier.wait(ready.index(s), (step // STAGES) & 1)
-            # An in-flight wgmma cannot leave an if, so each branch issues, stores and waits.
+            a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
+            # An in-flight wgmma cannot leave an if, so each branch issues and waits.
             if kk < FULL_STEPS:
-                acc = warpgroup_mma(a_bufs.index(s).permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-                _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, j, kk, k_steps)
+                acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             else:
-                acc = warpgroup_mma(a_bufs.index(s).slice(0, TAIL).permute((1, 0)), b_bufs.index(s).slice(0, TAIL), acc,
+                acc = warpgroup_mma(a.slice(0, TAIL).permute((1, 0)), b_bufs.index(s).slice(0, TAIL), acc,
                                     use_acc=kk > 0, is_async=True)  # fmt: skip
-                _store_previous(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, j, kk, k_steps)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the wgmma of the step before is done with its stage
                 mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
-        previous = acc.to(staging.dtype)
-        prev_m = off_m
-        prev_n = off_n
-    if my_tiles > 0:
-        _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 0)
-        _store_half(previous, staging, c_desc, c_high_desc, prev_m, prev_n, HIGH_FROM, 1)
+        pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
+        for r in gl.static_range(ROUNDS):
+            tma.store_wait(0)
+            gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+            for i in gl.static_range(PIECES):
+                staging.index(i).store(pieces[r * PIECES + i])
+            fence_async_shared()
+            gl.thread_barrier()
+            # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
+            if tile_m < HIGH_FROM:
+                for i in gl.static_range(PIECES):
+                    tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (r * PIECES + i) * WIDTH], staging.index(i))
+            else:
+                for i in gl.static_range(PIECES):
+                    tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (r * PIECES + i) * WIDTH],
+                                                    staging.index(i))  # fmt: skip
     tma.store_wait(0)
 
 
@@ -166,7 +159,9 @@ def weight_grad_ws_kernel(
     a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc,
     M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
     STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
-    num_warps: gl.constexpr,  # the product warps: 8 for two warpgroups of 64 rows
+    BY_COLUMN: gl.constexpr,  # the tiles column by column (else row by row)
+    PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
+    num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
 ):  # fmt: skip
     """[c; c_high] (M rows, split at HIGH_FROM) = A^T @ B over FULL_STEPS K steps of BLOCK_K rows and TAIL_STEPS
     (0 or 1) of TAIL rows. a_desc and b_desc are A (rows padded with zeros, M columns) and B (B_ROWS rows, N columns)
@@ -174,18 +169,25 @@ def weight_grad_ws_kernel(
     too), or ge and the input gated_output of T rows for grad_w2 (M = H), whose last step is read as the block that
     ends at row T against the block of ge that the gather has shifted to match (gather_kernel, with that step's rows).
     a_tail_desc and b_tail_desc are the same tensors in [TAIL, .] blocks, c_desc and c_high_desc the bf16 outputs in
-    [BLOCK_M, WIDTH] pieces (BLOCK_N / WIDTH of them a tile, half of them staged at a time)."""
+    [BLOCK_M / 2, WIDTH] pieces (a product warpgroup's rows)."""
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WIDTH: gl.constexpr = c_desc.block_type.shape[1]
-    a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES)
-    staging = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape, c_desc.layout)
+    a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
+    # Half a warpgroup's columns per round: staging the whole 64 x 256 would cost an operand stage (3 stages with
+    # full-width staging: 8-10% slower alone).
+    staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
+    staging = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
+    staging_second = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
+    TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     gl.warp_specialize(
         [
             (_products, (a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,
-                         TAIL_STEPS, a_tail_desc.block_type.shape[0], num_warps)),
+                         TAIL_STEPS, TAIL, BY_COLUMN, 0, num_warps)),
+            (_products, (a_bufs, b_bufs, ready, empty, staging_second, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,
+                         TAIL_STEPS, TAIL, BY_COLUMN, 1, 4)),
             (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, B_ROWS,
-                              FULL_STEPS, TAIL_STEPS)),
+                              FULL_STEPS, TAIL_STEPS, BY_COLUMN)),
         ],
-        [1],  # the loader warp
-        [24],  # its registers: it needs few
+        [4, 1],  # the second product warpgroup, the loader warp
+        [PRODUCT_REGS, 24],  # the loader needs few registers
     )  # fmt: skip
