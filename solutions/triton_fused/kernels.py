@@ -9,9 +9,9 @@ streams. On the caller's stream:
                             in fp16 (for the weight gradients, and for dx where it is the Gluon kernel) and, where
                             dx is dx_kernel, once more in bf16; from T = 257 the warp-specialised Gluon kernel of
                             dh_warp_specialized.py takes its place
-- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows; at
-                            128 < T <= 256 the warp-specialised Gluon kernel of weight_grad_warp_specialized.py
-                            takes its place (a short last K step)
+- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows; from T = 129
+                            the warp-specialised Gluon kernel of weight_grad_warp_specialized.py takes its place
+                            (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
                             their entries of grad_routing_weights
 
@@ -21,7 +21,7 @@ and beside them, on a second stream (the launcher orders the two with events):
                             token selects, as zeros: memory traffic hidden under dh's tensor-core work
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
-- `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated
+- `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 512)
 - `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); at
                             128 < T <= 256 the Gluon kernel of dx_warp_specialized.py takes its place, one launch
                             over both
