@@ -31,7 +31,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, split_columns, wgmma_layout
+from .gluon_common import operand_ring, program_tile_count, split_columns, wgmma_layout
 
 
 @gluon.jit
@@ -48,7 +48,7 @@ def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_
     STAGES: gl.constexpr = g_bufs.shape[0]
     num_m = gl.cdiv(T, BLOCK_M)
     k_steps = gl.cdiv(H, BLOCK_K)
-    total = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0)) * k_steps
+    total = program_tile_count(T, F, BLOCK_M, BLOCK_N) * k_steps
     for step in range(total):
         s = step % STAGES
         mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
@@ -76,7 +76,7 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     num_m = gl.cdiv(T, BLOCK_M)
     k_steps = gl.cdiv(H, BLOCK_K)
-    my_tiles = gl.cdiv(num_m * gl.cdiv(F, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
+    my_tiles = program_tile_count(T, F, BLOCK_M, BLOCK_N)
     step = 0
     for j in range(my_tiles):
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
@@ -132,7 +132,7 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
     BUFFERS: gl.constexpr = a_bufs.shape[0]
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (WIDTH // 8), WIDTH // 8], [gl.num_warps(), 1], [1, 0])
     num_m = gl.cdiv(T, BLOCK_M)
-    total = gl.cdiv(num_m * gl.cdiv(F, WIDTH * PIECES) - gl.program_id(0), gl.num_programs(0)) * PIECES
+    total = program_tile_count(T, F, BLOCK_M, WIDTH * PIECES) * PIECES
     for first in gl.static_range(BUFFERS - 1):
         _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, total, num_m, PIECES)
     for j in range(total):

@@ -23,6 +23,13 @@ def operand_ring(a_desc, b_desc, STAGES: gl.constexpr, RELEASES: gl.constexpr = 
     return a_bufs, b_bufs, ready, empty
 
 
+@gluon.jit
+def program_tile_count(rows, cols, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """How many of the cdiv(rows, BLOCK_M) x cdiv(cols, BLOCK_N) output tiles this persistent program takes: the
+    tiles program_id, program_id + num_programs, ..."""
+    return gl.cdiv(gl.cdiv(rows, BLOCK_M) * gl.cdiv(cols, BLOCK_N) - gl.program_id(0), gl.num_programs(0))
+
+
 @gluon.constexpr_function
 def wgmma_layout(block_n, num_warps):
     """The fp32 accumulator layout of a BLOCK_M x block_n tile whose rows the num_warps product warps share, 16 rows

@@ -1,7 +1,7 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
-from T = 257, dx in dx_warp_specialized.py at 128 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py
-from T = 129: grad_w2 up to T = 512, grad_w1/grad_w3 at every T from there).
+from T = 257, dx in dx_warp_specialized.py at 128 < T <= 256, and the weight gradients in
+weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 512, grad_w1/grad_w3 at every T from there).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -51,8 +51,8 @@ WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tile
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
-# Registers per thread of the warp-specialised weight gradient's second product warpgroup (ptxas gives the first 248
-# and the loader warp 24: with 12 warps, an SM's 64K registers allow that much).
+# Registers per thread of the warp-specialised weight gradient's second product warpgroup (Triton's compiler then
+# gives the first 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 PRODUCT_REGS = 232
 
 
