@@ -230,7 +230,8 @@ def test_half_precision_path(interpreted) -> None:
 
 def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(64) is interpreted.plan_for(1)
-    assert interpreted.plan_for(196) is interpreted.plan_for(256)
+    assert interpreted.plan_for(129) is interpreted.plan_for(224) and interpreted.plan_for(225) is interpreted.plan_for(256)
+    assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(512)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
     plan = dataclasses.replace(interpreted.plan_for(64), dx_split=4)
     assert plan.dx.block_k == 64 and interpreted.dx_split_for(plan, 14336) == 4
@@ -280,6 +281,24 @@ def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
                                                  dh_warp_specialized=interpreted.WarpSpecializedDh(16, 2, 16, 1)))  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dx_warp_specialized": True}, "either the swap-AB kernel"),
+        ({"chunks": (256, 64, 32, 8)}, "one to three token chunks"),
+        ({"chunks": (96,)}, "powers of two from 8 to 256"),
+        ({}, "Triton's CPU interpreter cannot run it"),
+    ],
+)
+def test_swap_ab_dx_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
+    """The swap-AB dx reads the bf16 copy (not with the warp-specialised dx), takes one to three power-of-two token
+    chunks, and has no CPU interpreter: plans that ask otherwise fail clearly."""
+    swap_ab = interpreted.SwapAbDx(changes.pop("chunks", (16,)), 2)
+    plan = dataclasses.replace(small_plan(interpreted), dx_swap_ab=swap_ab, **changes)
+    with pytest.raises(ValueError, match=message):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
 @pytest.mark.parametrize("epilogue_split", [1, 4])
 def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split: int) -> None:
     """Where dx reads the fp16 dd (the Gluon dx), dh leaves out the bf16 copy and writes the same dd as with it."""
@@ -316,8 +335,11 @@ def test_each_bucket_compiles_once() -> None:
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
         (Dims(997, 128), Dims(1024, 128), Dims(700, 65)),
-        (Dims(1571, 196), Dims(1721, 215), Dims(4096, 256)),
-        (Dims(2371, 296), Dims(3967, 496), Dims(2000, 257), Dims(1024, 512)),  # the Gluon dh from here on
+        (Dims(1571, 196), Dims(1721, 215), Dims(700, 129)),  # the swap-AB dx
+        (Dims(4096, 256), Dims(2053, 256), Dims(600, 225)),
+        (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the swap-AB dx up to 384
+        (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
+        (Dims(3967, 496), Dims(1200, 385), Dims(1024, 512)),
         (Dims(4096, 2048), Dims(2048, 1024), Dims(3000, 1501)),
     )
     for bucket in buckets:
@@ -464,7 +486,7 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dx over the fp16 dd gives Triton's dx over the bf16 copy up to that copy's rounding (bf16 of fp16 of
     x against bf16 of x), as the same bits on every call. F = 320 has an odd number of K steps per split."""
     module = solution_module()
-    plan = module.plan_for(dims.num_tokens)
+    plan = module.plan_for(256)
     assert plan.dx_warp_specialized
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = cuda_outputs(dims)
@@ -482,3 +504,39 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     for _ in range(10):
         module.dx(p, plan.dx, warp_specialized=True)
         assert torch.equal(p.partials, first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dims", "chunks", "stages"),
+    [
+        (Dims(1571, 196), (256,), 4),
+        (Dims(1571, 196), (128, 64, 8), 4),
+        (Dims(2371, 296), (256, 64), 3),
+        (Dims(2689, 336), (256, 128), 3),
+        (Dims(3967, 496), (256,), 4),
+        (Dims(700, 200, 512, 320), (128, 64, 16), 4),
+    ],
+    ids=lambda v: f"T{v.num_tokens}-F{v.ffn_dim}" if isinstance(v, Dims) else str(v),
+)
+def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int, ...], stages: int) -> None:
+    """The swap-AB dx writes the split-K partials of Triton's dx over the same bf16 copy, bit for bit and on every
+    call: one token block or several (T = 496 in two of 256), chunks of 8 to 256 tokens, past T or not (T = 200 in
+    128 + 64 + 16), the halves in one launch or one each, and F = 320 (an odd number of K steps per split)."""
+    module = solution_module()
+    plan = module.plan_for(dims.num_tokens)
+    inputs = generate_inputs(dims, 0, "cuda")
+    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, module.dx_split_for(plan, dims.ffn_dim), 64)
+    module.gather(p)
+    module.dh_swiglu(p, plan.dh)
+    module.dx(p, plan.dx)
+    expected = p.partials.clone()
+    swap_ab = module.SwapAbDx(chunks, stages)
+    for halves in ([0, 1], [1], [0]):
+        if halves != [0]:
+            p.partials.fill_(float("nan"))
+        module.dx(p, plan.dx, halves, swap_ab=swap_ab)
+    assert torch.equal(p.partials, expected)
+    for _ in range(5):
+        module.dx(p, plan.dx, swap_ab=swap_ab)
+        assert torch.equal(p.partials, expected)

@@ -1,7 +1,8 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
-from T = 257, dx in dx_warp_specialized.py at 128 < T <= 256, and the weight gradients in
-weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 512, grad_w1/grad_w3 at every T from there).
+from T = 257, dx in dx_swap_ab.py at 128 < T <= 224 and 256 < T <= 384 and in dx_warp_specialized.py at
+224 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 512,
+grad_w1/grad_w3 at every T from there).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -23,6 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTen
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .dh_warp_specialized import dh_swiglu_ws_kernel
+from .dx_swap_ab import dx_swap_ab_kernel
 from .dx_warp_specialized import dx_ws_kernel
 from .kernels import (
     dh_swiglu_kernel,
@@ -51,6 +53,7 @@ WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tile
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
+SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
 # Registers per thread of the warp-specialised weight gradient's second product warpgroup (Triton's compiler then
 # gives the first 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 PRODUCT_REGS = 232
@@ -97,6 +100,20 @@ class WarpSpecializedWeightGrad:
     by_column: bool = False
 
 
+@dataclass(frozen=True)
+class SwapAbDx:
+    """The swap-AB Gluon dx's configuration (dx_swap_ab.py): programs of 128 hidden columns by a block of tokens in up
+    to three accumulators of these widths (powers of two from 8 to 256), K steps of 64 of the 2F columns. T pays for
+    padding to the block (sum of the widths) rather than to 128-row tiles."""
+
+    chunks: tuple[int, ...]  # the token block's accumulator widths
+    stages: int  # operand stages in shared memory
+
+    @property
+    def block_tokens(self) -> int:
+        return sum(self.chunks)
+
+
 X16At = Literal["start", "after_gather", "after_dh"]
 ZerosAt = Literal["start", "after_grad_w2", "after_dh", "last"]
 
@@ -137,6 +154,10 @@ class Plan:
     # registers (GPU only; `dx` gives its tile, whose block_k divides each split of F into whole steps): dh then
     # writes no bf16 copy of dd (docs/performance.md, v15). Not with the Gluon dh, which always writes that copy.
     dx_warp_specialized: bool = False
+    # dx as the swap-AB Gluon kernel over the bf16 copy of dd (GPU only; `dx` gives its split's K step): the tokens on
+    # wgmma's N side, so T is padded to the chunks' widths rather than to 128-row tiles, and the weights' block serves
+    # every token of a program's block (docs/performance.md, v22). Not with dx_warp_specialized.
+    dx_swap_ab: SwapAbDx | None = None
     # grad_w1/grad_w3 as the warp-specialised Gluon kernel, whose last K step may be short (GPU only; `grad_w13` is then
     # unused): a T a few tokens past a multiple of 64 pays for those tokens rather than for a whole step.
     grad_w13_warp_specialized: WarpSpecializedWeightGrad | None = None
@@ -186,6 +207,16 @@ _DX_BESIDE_WGRAD = Tile(128, 128, 64, 4, 3)
 # grad_w2 column by column of tiles: a wave of tiles then shares a few column slabs of gated_output (T x F, 58 MB
 # at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
+# The plans of 224 < T <= 256 and 384 < T <= 512, which the buckets below them vary (their comments in PLANS).
+_PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
+                 zeros_at="after_grad_w2", dx_warp_specialized=True,
+                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32),
+                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))  # fmt: skip
+_PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
+                 dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
+                 dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
+                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 16),
+                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 16, by_column=True))  # fmt: skip
 PLANS: tuple[tuple[int, Plan], ...] = (
     # dx's w3 half behind dh on the caller's stream, ahead of grad_w1/grad_w3, its w1 half beside them on the side
     # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T). scatter
@@ -206,10 +237,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # (same-process A/B, means of three: T = 196-256 -0.5 to -7.7 us, the most at B = 4096; again with
     # benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at T = 256 with
     # B = 4096 / 2053 / 2048 / 512: v14).
-    (256, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
-               zeros_at="after_grad_w2", dx_warp_specialized=True,
-               grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32),
-               grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))),
+    # Up to T = 224 dx is the swap-AB kernel over the bf16 copy in one block of 128 + 64 + 32 tokens, which pays for
+    # 224 rows where 128-row tiles pay for 256 (same-process A/B against the Gluon dx, means of three: T = 196 -5.1 us,
+    # 215 -2.9; in one chunk of 256 tokens -4.6 and -2.2, and at T = 256 +1.0, so not there: v22).
+    (224, replace(_PLAN_256, dx_warp_specialized=False, dx_swap_ab=SwapAbDx((128, 64, 32), 4))),
+    (256, _PLAN_256),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
     # v18's dh this layout also pays at T = 496, -7.2 and -7.9 us in two A/B runs, and is even at 512: +0.3, -0.4).
@@ -227,11 +259,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # Both weight gradients by the Gluon kernel, grad_w2's tiles column by column as in Triton's (same-process A/B
     # against Triton's kernels, means of three: T = 296 -3.0 us, 336 -9.8, 496 -3.1, 512 -2.4; grad_w1/grad_w3 alone
     # -1.6, -6.5, -2.2, -1.8: v21).
-    (512, Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
-               dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
-               dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
-               grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 16),
-               grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 16, by_column=True))),
+    # Up to T = 384 dx is the swap-AB kernel in one block of 256 + 64 or 256 + 128 tokens rather than Triton's two
+    # launches over 128-row tiles (T = 296 pays for 320 rows instead of 384, and w1 and w3 are read by one block of
+    # tokens instead of three; same-process A/B, means of three: T = 296 -11.1 us, 336 -8.2; in two blocks of 256 at
+    # T = 496 and 512 +13.1 and +11.1, so not there: v22).
+    (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3))),
+    (384, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 128), 3))),
+    (512, _PLAN_512),
     # From T = 513: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
     # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
@@ -460,13 +494,17 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     )  # fmt: skip
 
 
-def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bool = False) -> None:
+def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bool = False,
+       swap_ab: SwapAbDx | None = None) -> None:
     """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials).
-    Triton's kernel, one launch per half, reads dd_low; the Gluon kernel (warp_specialized) reads dd and takes
-    consecutive halves in one launch."""
+    Triton's kernel, one launch per half, reads dd_low; the Gluon kernels take both halves in one launch where both
+    are asked for: the warp-specialised one reads dd, the swap-AB one dd_low."""
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n)
     if warp_specialized:
         _dx_warp_specialized(p, t, tiles, halves)
+        return
+    if swap_ab is not None:
+        _dx_swap_ab(p, t, swap_ab, halves)
         return
     grid = (tiles, p.dx_split)
     for half in halves:
@@ -482,11 +520,29 @@ def _dx_warp_specialized(p: Problem, t: Tile, tiles: int, halves: Sequence[int])
     _require_gpu(p.dd, "dx")
     dd = _gluon_descriptor(p.dd, [t.block_m, t.block_k])
     w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight"))
-    runs = [(0, 2)] if list(halves) == [0, 1] else [(half, 1) for half in halves]  # (first half, halves in the launch)
-    for first, count in runs:
+    for first, count in _launches(halves):
         dx_ws_kernel[(tiles, count * p.dx_split)](
             dd, w1, w3, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
             STAGES=t.num_stages, num_warps=t.num_warps,
+        )  # fmt: skip
+
+
+def _launches(halves: Sequence[int]) -> list[tuple[int, int]]:
+    """(first half, halves) per launch of a Gluon dx: one launch where both halves are asked for."""
+    return [(0, 2)] if list(halves) == [0, 1] else [(half, 1) for half in halves]
+
+
+def _dx_swap_ab(p: Problem, t: Tile, s: SwapAbDx, halves: Sequence[int]) -> None:
+    _require_gpu(p.dd_low, "dx")
+    w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, SWAP_AB_BLOCK_H]) for name in ("w1_weight", "w3_weight"))
+    chunks = [_gluon_descriptor(p.dd_low, [width, t.block_k]) for width in s.chunks]
+    chunks += chunks[:1] * (3 - len(chunks))  # unused
+    stage_bytes = 2 * t.block_k * (SWAP_AB_BLOCK_H + s.block_tokens)
+    token_blocks = triton.cdiv(p.tokens, s.block_tokens)
+    for first, count in _launches(halves):
+        dx_swap_ab_kernel[(triton.cdiv(p.hidden, SWAP_AB_BLOCK_H), count * p.dx_split, token_blocks)](
+            w1, w3, *chunks, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
+            CHUNKS=len(s.chunks), STAGES=s.stages, STAGE_BYTES=stage_bytes, num_warps=8,
         )  # fmt: skip
 
 
@@ -525,6 +581,12 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("zeros_at 'last' puts the zeros behind everything on the side stream, scatter_on_side's scatter too")
     if plan.dh_programmatic_launch and plan.dh_warp_specialized is None:
         raise ValueError("the programmatic launch of dh behind the gather needs the warp-specialised dh, which waits for it")
+    if plan.dx_swap_ab is not None:
+        if plan.dx_warp_specialized:
+            raise ValueError("dx is either the swap-AB kernel (over the bf16 copy) or the warp-specialised one (over dd)")
+        chunks = plan.dx_swap_ab.chunks
+        if not 1 <= len(chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in chunks):
+            raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {chunks}")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, inputs["token_indices"].numel()),
@@ -569,12 +631,12 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
                 routing_x16(p)
                 side_operands_ready = _recorded_event(side)
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
-    dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized)
+    dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized, plan.dx_swap_ab)
     scatter_on_side = side is not None and plan.scatter_on_side
     caller_dx_done = _recorded_event(caller) if scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
-            dx(p, plan.dx, on_side, plan.dx_warp_specialized)
+            dx(p, plan.dx, on_side, plan.dx_warp_specialized, plan.dx_swap_ab)
     if scatter_on_side:
         with _after(side, caller_dx_done):  # the routing sums are ordered before it on the side stream already
             scatter(p)
@@ -639,10 +701,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the ten kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the eleven kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, scatter_kernel,
+        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
