@@ -247,7 +247,7 @@ def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> N
     with pytest.raises(ValueError, match="cannot gather its own rows"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
                         plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh, dh_gathers_rows=True))  # fmt: skip
-    with pytest.raises(ValueError, match="programmatic launch of dh behind the gather needs a Gluon dh"):
+    with pytest.raises(ValueError, match="programmatic launch of dh behind the gather needs the warp-specialised dh"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
                         plan=dataclasses.replace(small_plan(interpreted), dh_programmatic_launch=True))  # fmt: skip
 
@@ -288,18 +288,13 @@ def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
         ({"chunks": (256, 64, 32, 8)}, "one to three token chunks"),
         ({"chunks": (96,)}, "powers of two from 8 to 256"),
         ({}, "Triton's CPU interpreter cannot run it"),
-        ({"dh": True, "dh_gathers_rows": True}, "reads the gathered copy of g"),
-        ({"dh": True, "dx_warp_specialized": True}, "reads the gathered copy of g"),
-        ({"dh": True, "chunks": (512,)}, "swap-AB dh takes one to three token chunks"),
     ],
 )
-def test_swap_ab_kernels_refuse_what_they_cannot_run(interpreted, changes: dict, message: str) -> None:
-    """The swap-AB dx reads the bf16 copy (not with the warp-specialised dx); the swap-AB dh reads the gathered g and
-    writes that copy (not with dh_gathers_rows or the warp-specialised dx); both take one to three power-of-two token
-    chunks and have no CPU interpreter: plans that ask otherwise fail clearly."""
-    swap_ab = interpreted.SwapAb(changes.pop("chunks", (16,)), 2)
-    field = "dh_swap_ab" if changes.pop("dh", False) else "dx_swap_ab"
-    plan = dataclasses.replace(small_plan(interpreted), **{field: swap_ab}, **changes)
+def test_swap_ab_dx_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
+    """The swap-AB dx reads the bf16 copy (not with the warp-specialised dx), takes one to three power-of-two token
+    chunks, and has no CPU interpreter: plans that ask otherwise fail clearly."""
+    swap_ab = interpreted.SwapAbDx(changes.pop("chunks", (16,)), 2)
+    plan = dataclasses.replace(small_plan(interpreted), dx_swap_ab=swap_ab, **changes)
     with pytest.raises(ValueError, match=message):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
@@ -492,6 +487,7 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     x against bf16 of x), as the same bits on every call. F = 320 has an odd number of K steps per split."""
     module = solution_module()
     plan = module.plan_for(256)
+    assert plan.dx_warp_specialized
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, module.dx_split_for(plan, dims.ffn_dim), plan.grad_w2.block_k)
@@ -535,7 +531,7 @@ def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int,
     module.dh_swiglu(p, plan.dh)
     module.dx(p, plan.dx)
     expected = p.partials.clone()
-    swap_ab = module.SwapAb(chunks, stages)
+    swap_ab = module.SwapAbDx(chunks, stages)
     for halves in ([0, 1], [1], [0]):
         if halves != [0]:
             p.partials.fill_(float("nan"))
@@ -544,37 +540,3 @@ def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int,
     for _ in range(5):
         module.dx(p, plan.dx, swap_ab=swap_ab)
         assert torch.equal(p.partials, expected)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("dims", "chunks", "stages"),
-    [
-        (Dims(1571, 196), (128, 64, 32), 4),
-        (Dims(4096, 256), (256,), 4),
-        (Dims(2371, 296), (256, 64), 3),
-        (Dims(700, 200, 512, 320), (128, 64, 16), 4),
-    ],
-    ids=lambda v: f"T{v.num_tokens}-F{v.ffn_dim}" if isinstance(v, Dims) else str(v),
-)
-def test_swap_ab_dh_matches_the_triton_kernel(dims: Dims, chunks: tuple[int, ...], stages: int) -> None:
-    """The swap-AB dh writes what Triton's dh writes, in both precisions, up to one unit of the last place, and zeros
-    on the rows from T to the end of its block (the weight gradients read them); F = 320 ends in a partial block of
-    columns, and T = 200 ends inside the last chunk of 16."""
-    module = solution_module()
-    plan = dataclasses.replace(module.plan_for(dims.num_tokens), dh_warp_specialized=None)
-    inputs = generate_inputs(dims, 0, "cuda")
-    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, 1, 64)
-    module.gather(p)
-    module.dh_swiglu(p, plan.dh)
-    written = min(p.rows, sum(chunks))
-    expected = [p.dd[:written].float(), p.dd_low[:written].float()]
-    p.dd.fill_(float("nan"))
-    p.dd_low.fill_(float("nan"))
-    module.dh_swiglu_swap_ab(p, plan.dh, module.SwapAb(chunks, stages))
-    for name, got, want, rtol in (("dd", p.dd[:written].float(), expected[0], 2**-9), ("dd_low", p.dd_low[:written].float(), expected[1], 2**-7)):
-        assert not got.isnan().any(), f"{name}: rows or columns left unwritten"
-        assert torch.equal(got[dims.num_tokens :], torch.zeros_like(got[dims.num_tokens :])), f"{name}: padding rows"
-        torch.testing.assert_close(got, want, rtol=rtol, atol=1e-4 * float(want.abs().max()), msg=name)
-    with pytest.raises(ValueError, match="at most one block"):
-        module.dh_swiglu_swap_ab(p, plan.dh, module.SwapAb((128,), stages))

@@ -23,8 +23,9 @@ and beside them, on a second stream (the launcher orders the two with events):
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 512)
 - `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); at
-                            128 < T <= 384 the Gluon kernel of dx_swap_ab.py (tokens on wgmma's N side) takes its
-                            place, one launch over both
+                            128 < T <= 384 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
+                            (tokens on wgmma's N side) up to T = 224 and from T = 257, dx_warp_specialized.py's
+                            (over the fp16 dd) at 224 < T <= 256
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose

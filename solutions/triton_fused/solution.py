@@ -1,8 +1,8 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
-from T = 257 and in dh_swap_ab.py at 128 < T <= 256, dx in dx_swap_ab.py at 128 < T <= 384, and the weight
-gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 512, grad_w1/grad_w3 at every T from
-there; dx_warp_specialized.py's dx is a plan option that no bucket takes since v22).
+from T = 257, dx in dx_swap_ab.py at 128 < T <= 224 and 256 < T <= 384 and in dx_warp_specialized.py at
+224 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 512,
+grad_w1/grad_w3 at every T from there).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -23,7 +23,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .dh_swap_ab import dh_swap_ab_kernel
 from .dh_warp_specialized import dh_swiglu_ws_kernel
 from .dx_swap_ab import dx_swap_ab_kernel
 from .dx_warp_specialized import dx_ws_kernel
@@ -54,7 +53,7 @@ WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tile
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
-SWAP_AB_BLOCK_M = 128  # columns of H (dx) or F (dh) per program of the swap-AB kernels (two warpgroups of 64)
+SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
 # Registers per thread of the warp-specialised weight gradient's second product warpgroup (Triton's compiler then
 # gives the first 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 PRODUCT_REGS = 232
@@ -102,10 +101,10 @@ class WarpSpecializedWeightGrad:
 
 
 @dataclass(frozen=True)
-class SwapAb:
-    """A swap-AB Gluon kernel's configuration (dx_swap_ab.py, dh_swap_ab.py): programs of 128 columns of the output
-    (H for dx, F for dh) by a block of tokens in up to three accumulators of these widths (powers of two from 8 to
-    256). T pays for padding to the block (sum of the widths) rather than to 128-row tiles."""
+class SwapAbDx:
+    """The swap-AB Gluon dx's configuration (dx_swap_ab.py): programs of 128 hidden columns by a block of tokens in up
+    to three accumulators of these widths (powers of two from 8 to 256), K steps of 64 of the 2F columns. T pays for
+    padding to the block (sum of the widths) rather than to 128-row tiles."""
 
     chunks: tuple[int, ...]  # the token block's accumulator widths
     stages: int  # operand stages in shared memory
@@ -158,12 +157,7 @@ class Plan:
     # dx as the swap-AB Gluon kernel over the bf16 copy of dd (GPU only; `dx` gives its split's K step): the tokens on
     # wgmma's N side, so T is padded to the chunks' widths rather than to 128-row tiles, and the weights' block serves
     # every token of a program's block (docs/performance.md, v22). Not with dx_warp_specialized.
-    dx_swap_ab: SwapAb | None = None
-    # dh and the SwiGLU backward as the swap-AB Gluon kernel (GPU only; T at most one block of tokens; needs the
-    # gathered copy of g and writes the bf16 copy of dd, so not with dh_gathers_rows or dx_warp_specialized): each
-    # block of w2 serves every token, and T is padded to the block rather than to 128-row tiles (v22). `dh` gives the
-    # K step.
-    dh_swap_ab: SwapAb | None = None
+    dx_swap_ab: SwapAbDx | None = None
     # grad_w1/grad_w3 as the warp-specialised Gluon kernel, whose last K step may be short (GPU only; `grad_w13` is then
     # unused): a T a few tokens past a multiple of 64 pays for those tokens rather than for a whole step.
     grad_w13_warp_specialized: WarpSpecializedWeightGrad | None = None
@@ -214,8 +208,8 @@ _DX_BESIDE_WGRAD = Tile(128, 128, 64, 4, 3)
 # at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 # The plans of 224 < T <= 256 and 384 < T <= 512, which the buckets below them vary (their comments in PLANS).
-_PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, zeros_at="after_grad_w2",
-                 dh_programmatic_launch=True, dh_swap_ab=SwapAb((256,), 4), dx_swap_ab=SwapAb((256,), 4),
+_PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
+                 zeros_at="after_grad_w2", dx_warp_specialized=True,
                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32),
                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))  # fmt: skip
 _PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
@@ -230,12 +224,9 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
               dx_on_side=(True, False), scatter_on_side=True, dh_gathers_rows=True)),
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4, dh_gathers_rows=True)),
-    # dh and dx as the swap-AB kernels, the tokens on wgmma's N side in one block (128 + 64 + 32 tokens up to T = 224,
-    # 256 above), dh launched as a programmatic dependent of the gather (same-process A/B, means of three, against
-    # Triton's dh gathering its own rows: T = 196 -2.5 us, 215 -1.5, and 256 -4.1 and -0.9 (B = 4096, 2053) with dx
-    # so too; without the programmatic launch -0.6, -0.3, -2.0, +2.0: v22). dx so alone, against the Gluon dx over the
-    # fp16 dd (which had beaten Triton's dx over the copy by 6-9 us here: v15): T = 196 -5.1 us, 215 -2.9, and in one
-    # chunk of 256 tokens -4.6, -2.2 and +1.0 at T = 256 (v22).
+    # dx as the Gluon kernel over the fp16 dd, in 128x256 tiles, and no bf16 copy of dd from dh (same-process A/B
+    # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
+    # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
     # grad_w1/grad_w3 as the Gluon kernel with a last step of up to 32 tokens (A/B against Triton's kernel, means of
     # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4: v17).
     # grad_w2 by the same Gluon kernel, its last step reading the rows of gated_output that end at T (A/B against
@@ -246,7 +237,10 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # (same-process A/B, means of three: T = 196-256 -0.5 to -7.7 us, the most at B = 4096; again with
     # benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at T = 256 with
     # B = 4096 / 2053 / 2048 / 512: v14).
-    (224, replace(_PLAN_256, dh_swap_ab=SwapAb((128, 64, 32), 4), dx_swap_ab=SwapAb((128, 64, 32), 4))),
+    # Up to T = 224 dx is the swap-AB kernel over the bf16 copy in one block of 128 + 64 + 32 tokens, which pays for
+    # 224 rows where 128-row tiles pay for 256 (same-process A/B against the Gluon dx, means of three: T = 196 -5.1 us,
+    # 215 -2.9; in one chunk of 256 tokens -4.6 and -2.2, and at T = 256 +1.0, so not there: v22).
+    (224, replace(_PLAN_256, dx_warp_specialized=False, dx_swap_ab=SwapAbDx((128, 64, 32), 4))),
     (256, _PLAN_256),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
@@ -269,8 +263,8 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # launches over 128-row tiles (T = 296 pays for 320 rows instead of 384, and w1 and w3 are read by one block of
     # tokens instead of three; same-process A/B, means of three: T = 296 -11.1 us, 336 -8.2; in two blocks of 256 at
     # T = 496 and 512 +13.1 and +11.1, so not there: v22).
-    (320, replace(_PLAN_512, dx_swap_ab=SwapAb((256, 64), 3))),
-    (384, replace(_PLAN_512, dx_swap_ab=SwapAb((256, 128), 3))),
+    (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3))),
+    (384, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 128), 3))),
     (512, _PLAN_512),
     # From T = 513: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
@@ -437,23 +431,6 @@ def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, after_gather: b
     )  # fmt: skip
 
 
-def dh_swiglu_swap_ab(p: Problem, t: Tile, s: SwapAb, after_gather: bool = False) -> None:
-    """dh and the SwiGLU backward by the swap-AB Gluon kernel: one program per 128 columns of F over all T tokens (K
-    steps of t.block_k); after_gather as for the warp-specialised dh."""
-    _require_gpu(p.g, "dh")
-    if p.tokens > s.block_tokens:
-        raise ValueError(f"the swap-AB dh takes at most one block of {s.block_tokens} tokens, not T = {p.tokens}")
-    i = p.inputs
-    chunks = [_gluon_descriptor(p.g, [width, t.block_k]) for width in s.chunks]
-    chunks += chunks[:1] * (3 - len(chunks))  # unused
-    dh_swap_ab_kernel[(triton.cdiv(p.ffn, SWAP_AB_BLOCK_M),)](
-        _gluon_descriptor(i["w2_weight"], [t.block_k, SWAP_AB_BLOCK_M]), *chunks, i["w1_output"], i["up_output"],
-        i["gate_output"], p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
-        CHUNKS=len(s.chunks), STAGES=s.stages, STAGE_BYTES=2 * t.block_k * (SWAP_AB_BLOCK_M + s.block_tokens),
-        WAIT_FOR_GATHER=after_gather, num_warps=8, launch_pdl=after_gather,
-    )  # fmt: skip
-
-
 def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:
     """[c; c_high] = a^T @ b over the T tokens, with a (p.rows x M, padded), b (p.rows or T rows, N columns; see
     weight_grad_kernel), c and c_high (N columns each) stacked into M rows."""
@@ -518,7 +495,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
 
 
 def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bool = False,
-       swap_ab: SwapAb | None = None) -> None:
+       swap_ab: SwapAbDx | None = None) -> None:
     """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials).
     Triton's kernel, one launch per half, reads dd_low; the Gluon kernels take both halves in one launch where both
     are asked for: the warp-specialised one reads dd, the swap-AB one dd_low."""
@@ -555,15 +532,15 @@ def _launches(halves: Sequence[int]) -> list[tuple[int, int]]:
     return [(0, 2)] if list(halves) == [0, 1] else [(half, 1) for half in halves]
 
 
-def _dx_swap_ab(p: Problem, t: Tile, s: SwapAb, halves: Sequence[int]) -> None:
+def _dx_swap_ab(p: Problem, t: Tile, s: SwapAbDx, halves: Sequence[int]) -> None:
     _require_gpu(p.dd_low, "dx")
-    w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, SWAP_AB_BLOCK_M]) for name in ("w1_weight", "w3_weight"))
+    w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, SWAP_AB_BLOCK_H]) for name in ("w1_weight", "w3_weight"))
     chunks = [_gluon_descriptor(p.dd_low, [width, t.block_k]) for width in s.chunks]
     chunks += chunks[:1] * (3 - len(chunks))  # unused
-    stage_bytes = 2 * t.block_k * (SWAP_AB_BLOCK_M + s.block_tokens)
+    stage_bytes = 2 * t.block_k * (SWAP_AB_BLOCK_H + s.block_tokens)
     token_blocks = triton.cdiv(p.tokens, s.block_tokens)
     for first, count in _launches(halves):
-        dx_swap_ab_kernel[(triton.cdiv(p.hidden, SWAP_AB_BLOCK_M), count * p.dx_split, token_blocks)](
+        dx_swap_ab_kernel[(triton.cdiv(p.hidden, SWAP_AB_BLOCK_H), count * p.dx_split, token_blocks)](
             w1, w3, *chunks, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
             CHUNKS=len(s.chunks), STAGES=s.stages, STAGE_BYTES=stage_bytes, num_warps=8,
         )  # fmt: skip
@@ -575,11 +552,6 @@ def scatter(p: Problem) -> None:
         p.inputs["token_indices"], p.partials, p.routing_partials, o["grad_hidden_states"], o["grad_routing_weights"],
         p.tokens, p.hidden, SPLIT_K=2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
-
-
-def _check_chunks(swap_ab: SwapAb, stage: str) -> None:
-    if not 1 <= len(swap_ab.chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in swap_ab.chunks):
-        raise ValueError(f"the swap-AB {stage} takes one to three token chunks, powers of two from 8 to 256, not {swap_ab.chunks}")
 
 
 def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: torch.dtype = torch.float16) -> None:
@@ -607,17 +579,14 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
     if plan.zeros_at == "last" and plan.scatter_on_side:
         raise ValueError("zeros_at 'last' puts the zeros behind everything on the side stream, scatter_on_side's scatter too")
-    if plan.dh_programmatic_launch and plan.dh_warp_specialized is None and plan.dh_swap_ab is None:
-        raise ValueError("the programmatic launch of dh behind the gather needs a Gluon dh, which waits for it")
-    if plan.dh_swap_ab is not None:
-        if plan.dh_warp_specialized is not None or plan.dh_gathers_rows or plan.dx_warp_specialized:
-            raise ValueError("the swap-AB dh reads the gathered copy of g and writes the bf16 copy of dd: not with the "
-                             "warp-specialised dh, dh_gathers_rows or the warp-specialised dx")
-        _check_chunks(plan.dh_swap_ab, "dh")
+    if plan.dh_programmatic_launch and plan.dh_warp_specialized is None:
+        raise ValueError("the programmatic launch of dh behind the gather needs the warp-specialised dh, which waits for it")
     if plan.dx_swap_ab is not None:
         if plan.dx_warp_specialized:
             raise ValueError("dx is either the swap-AB kernel (over the bf16 copy) or the warp-specialised one (over dd)")
-        _check_chunks(plan.dx_swap_ab, "dx")
+        chunks = plan.dx_swap_ab.chunks
+        if not 1 <= len(chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in chunks):
+            raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {chunks}")
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, inputs["token_indices"].numel()),
@@ -651,8 +620,6 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
             zero_unselected(p)
     if plan.dh_warp_specialized is not None:
         dh_swiglu_warp_specialized(p, plan.dh_warp_specialized, plan.dh_programmatic_launch)
-    elif plan.dh_swap_ab is not None:
-        dh_swiglu_swap_ab(p, plan.dh, plan.dh_swap_ab, plan.dh_programmatic_launch)
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
     dh_done = _recorded_event(caller)
@@ -734,10 +701,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the twelve kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the eleven kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, dh_swap_ab_kernel, scatter_kernel,
+        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
