@@ -31,7 +31,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, program_tile_count, split_columns, wgmma_layout
+from .gluon_common import (
+    operand_ring,
+    program_tile_count,
+    split_columns,
+    wait_stage_free,
+    wait_stage_ready,
+    wgmma_layout,
+)
 
 
 @gluon.jit
@@ -45,13 +52,11 @@ def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_
     BLOCK_M: gl.constexpr = g_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = g_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
-    STAGES: gl.constexpr = g_bufs.shape[0]
     num_m = gl.cdiv(T, BLOCK_M)
     k_steps = gl.cdiv(H, BLOCK_K)
     total = program_tile_count(T, F, BLOCK_M, BLOCK_N) * k_steps
     for step in range(total):
-        s = step % STAGES
-        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        s = wait_stage_free(empty, step)
         tile = gl.program_id(0) + (step // k_steps) * gl.num_programs(0)
         k = (step % k_steps) * BLOCK_K
         bar = ready.index(s)
@@ -81,8 +86,7 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
     for j in range(my_tiles):
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for kk in range(k_steps):
-            s = step % STAGES
-            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            s = wait_stage_ready(ready, step)
             acc = warpgroup_mma(g_bufs.index(s), w_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the previous step's wgmma is done with its stage

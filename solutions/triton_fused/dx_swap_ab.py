@@ -33,7 +33,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, wgmma_layout
+from .gluon_common import operand_ring, wait_stage_free, wait_stage_ready, wgmma_layout
 
 
 @gluon.constexpr_function
@@ -49,7 +49,6 @@ def _load_operands(w1_desc, w3_desc, dd0_desc, dd1_desc, dd2_desc, w_bufs, dd0_b
     released it (`empty`); `ready` counts STAGE_BYTES in."""
     BLOCK_K: gl.constexpr = w1_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = w1_desc.block_type.shape[1]
-    STAGES: gl.constexpr = w_bufs.shape[0]
     N0: gl.constexpr = dd0_desc.block_type.shape[0]
     N1: gl.constexpr = dd1_desc.block_type.shape[0]
     N2: gl.constexpr = dd2_desc.block_type.shape[0]
@@ -57,8 +56,7 @@ def _load_operands(w1_desc, w3_desc, dd0_desc, dd1_desc, dd2_desc, w_bufs, dd0_b
     first_token = gl.program_id(2) * _block_tokens(N0, N1, N2, CHUNKS)
     k_first = (FIRST_SPLIT + gl.program_id(1)) * K_PER_SPLIT
     for step in range(K_PER_SPLIT // BLOCK_K):
-        s = step % STAGES
-        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        s = wait_stage_free(empty, step)
         k = k_first + step * BLOCK_K
         bar = ready.index(s)
         mbarrier.expect(bar, STAGE_BYTES)
@@ -102,8 +100,7 @@ def _products(w_bufs, dd0_bufs, dd1_bufs, dd2_bufs, ready, empty, partials, T, H
     acc1 = gl.zeros((BLOCK_M, N1), dtype=gl.float32, layout=wgmma_layout(N1, num_warps))
     acc2 = gl.zeros((BLOCK_M, N2), dtype=gl.float32, layout=wgmma_layout(N2, num_warps))
     for step in range(K_PER_SPLIT // BLOCK_K):
-        s = step % STAGES
-        mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+        s = wait_stage_ready(ready, step)
         w = w_bufs.index(s).permute((1, 0))
         acc0 = warpgroup_mma(w, dd0_bufs.index(s).permute((1, 0)), acc0, use_acc=step > 0, is_async=True)
         if CHUNKS == 1:

@@ -36,7 +36,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, wgmma_layout
+from .gluon_common import operand_ring, wait_stage_free, wait_stage_ready, wgmma_layout
 
 
 @gluon.jit
@@ -46,14 +46,12 @@ def _load_operands(dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F
     BLOCK_M: gl.constexpr = dd_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = dd_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w1_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.shape[0]
     num_m = gl.cdiv(T, BLOCK_M)
     off_m = (gl.program_id(0) % num_m) * BLOCK_M
     off_n = (gl.program_id(0) // num_m) * BLOCK_N
     k_first = (FIRST_SPLIT + gl.program_id(1)) * K_PER_SPLIT
     for step in range(K_PER_SPLIT // BLOCK_K):
-        s = step % STAGES
-        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        s = wait_stage_free(empty, step)
         k = k_first + step * BLOCK_K
         bar = ready.index(s)
         mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
@@ -67,9 +65,7 @@ def _load_operands(dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F
 @gluon.jit
 def _issue_step(a_bufs, b_bufs, ready, acc, step, a_layout: gl.constexpr):
     """Wait for step's stage, load its dd block into registers as bf16 and issue its wgmma (asynchronous)."""
-    STAGES: gl.constexpr = a_bufs.shape[0]
-    s = step % STAGES
-    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    s = wait_stage_ready(ready, step)
     a = a_bufs.index(s).load(a_layout).to(gl.bfloat16)
     return warpgroup_mma(a, b_bufs.index(s), acc, is_async=True), a
 

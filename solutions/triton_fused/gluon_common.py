@@ -24,6 +24,25 @@ def operand_ring(a_desc, b_desc, STAGES: gl.constexpr, RELEASES: gl.constexpr = 
 
 
 @gluon.jit
+def wait_stage_free(empty, step):
+    """The loader's side of the ring: wait until step's stage, step % STAGES, has been released by the products of
+    the step STAGES before it (the first pass over the ring finds every stage free); returns the stage."""
+    STAGES: gl.constexpr = empty.shape[0]
+    s = step % STAGES
+    mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)
+    return s
+
+
+@gluon.jit
+def wait_stage_ready(ready, step):
+    """The products' side of the ring: wait until step's operands have arrived in its stage; returns the stage."""
+    STAGES: gl.constexpr = ready.shape[0]
+    s = step % STAGES
+    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    return s
+
+
+@gluon.jit
 def program_tile_count(rows, cols, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """How many of the cdiv(rows, BLOCK_M) x cdiv(cols, BLOCK_N) output tiles this persistent program takes: the
     tiles program_id, program_id + num_programs, ..."""

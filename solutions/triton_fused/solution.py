@@ -499,12 +499,12 @@ def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bo
     """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials).
     Triton's kernel, one launch per half, reads dd_low; the Gluon kernels take both halves in one launch where both
     are asked for: the warp-specialised one reads dd, the swap-AB one dd_low."""
+    if swap_ab is not None:
+        _dx_swap_ab(p, t, swap_ab, halves)
+        return
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n)
     if warp_specialized:
         _dx_warp_specialized(p, t, tiles, halves)
-        return
-    if swap_ab is not None:
-        _dx_swap_ab(p, t, swap_ab, halves)
         return
     grid = (tiles, p.dx_split)
     for half in halves:

@@ -52,7 +52,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import operand_ring, program_tile_count, split_columns, wgmma_layout
+from .gluon_common import (
+    operand_ring,
+    program_tile_count,
+    split_columns,
+    wait_stage_free,
+    wait_stage_ready,
+    wgmma_layout,
+)
 
 
 @gluon.jit
@@ -75,12 +82,10 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
-    STAGES: gl.constexpr = a_bufs.shape[0]
     k_steps = FULL_STEPS + TAIL_STEPS
     total = program_tile_count(M, N, BLOCK_M, BLOCK_N) * k_steps
     for step in range(total):
-        s = step % STAGES
-        mbarrier.wait(empty.index(s), ((step // STAGES) & 1) ^ 1)  # the first pass finds every stage free
+        s = wait_stage_free(empty, step)
         tile = gl.program_id(0) + (step // k_steps) * gl.num_programs(0)
         off_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
         kk = step % k_steps
@@ -119,8 +124,7 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
         off_m = tile_m + WARPGROUP * ROWS
         acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for kk in range(k_steps):
-            s = step % STAGES
-            mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+            s = wait_stage_ready(ready, step)
             a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
             # An in-flight wgmma cannot leave an if, so each branch issues and waits.
             if kk < FULL_STEPS:
