@@ -34,6 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from .gluon_common import (
     operand_ring,
     program_tile_count,
+    release_stage,
     split_columns,
     wait_stage_free,
     wait_stage_ready,
@@ -76,7 +77,6 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
     BLOCK_M: gl.constexpr = g_bufs.shape[1]
     BLOCK_K: gl.constexpr = g_bufs.shape[2]
     BLOCK_N: gl.constexpr = w_bufs.shape[2]
-    STAGES: gl.constexpr = g_bufs.shape[0]
     PIECES: gl.constexpr = handoff.shape[0]
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     num_m = gl.cdiv(T, BLOCK_M)
@@ -90,10 +90,10 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
             acc = warpgroup_mma(g_bufs.index(s), w_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the previous step's wgmma is done with its stage
-                mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+                release_stage(empty, step - 1)
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+        release_stage(empty, step - 1)
         tile = gl.program_id(0) + j * gl.num_programs(0)
         rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
         dh = acc * gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)[:, None]

@@ -33,7 +33,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, wait_stage_free, wait_stage_ready, wgmma_layout
+from .gluon_common import operand_ring, release_stage, wait_stage_free, wait_stage_ready, wgmma_layout
 
 
 @gluon.constexpr_function
@@ -92,7 +92,6 @@ def _products(w_bufs, dd0_bufs, dd1_bufs, dd2_bufs, ready, empty, partials, T, H
     the step before's in flight), then the chunks into the partial."""
     BLOCK_K: gl.constexpr = w_bufs.shape[1]
     BLOCK_M: gl.constexpr = w_bufs.shape[2]
-    STAGES: gl.constexpr = w_bufs.shape[0]
     N0: gl.constexpr = dd0_bufs.shape[1]
     N1: gl.constexpr = dd1_bufs.shape[1]
     N2: gl.constexpr = dd2_bufs.shape[1]
@@ -113,7 +112,7 @@ def _products(w_bufs, dd0_bufs, dd1_bufs, dd2_bufs, ready, empty, partials, T, H
             acc2 = warpgroup_mma(w, dd2_bufs.index(s).permute((1, 0)), acc2, use_acc=step > 0, is_async=True)
             acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=3, deps=(acc0, acc1, acc2))
         if step > 0:  # the step before's wgmmas are done with its stage
-            mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+            release_stage(empty, step - 1)
     first_token = gl.program_id(2) * _block_tokens(N0, N1, N2, CHUNKS)
     partial = partials + FIRST_SPLIT * T * H
     acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))

@@ -36,7 +36,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, wait_stage_free, wait_stage_ready, wgmma_layout
+from .gluon_common import operand_ring, release_stage, wait_stage_free, wait_stage_ready, wgmma_layout
 
 
 @gluon.jit
@@ -77,7 +77,6 @@ def _products(a_bufs, b_bufs, ready, empty, partials, T, H, K_PER_SPLIT, FIRST_S
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
-    STAGES: gl.constexpr = a_bufs.shape[0]
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     steps = K_PER_SPLIT // BLOCK_K
@@ -89,17 +88,17 @@ def _products(a_bufs, b_bufs, ready, empty, partials, T, H, K_PER_SPLIT, FIRST_S
         acc, a0 = _issue_step(a_bufs, b_bufs, ready, acc, step, a_layout)
         acc, a0, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0, a1))
         if step > 0:  # the previous pass's second wgmma is done with a1 and its stage
-            mbarrier.arrive(empty.index((step - 1) % STAGES), count=1)
+            release_stage(empty, step - 1)
         acc, a1 = _issue_step(a_bufs, b_bufs, ready, acc, step + 1, a_layout)
         acc, a1, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1, a0))
-        mbarrier.arrive(empty.index(step % STAGES), count=1)  # this pass's first wgmma is done with a0 and its stage
+        release_stage(empty, step)  # this pass's first wgmma is done with a0 and its stage
     if steps % 2 == 1:
         acc, a0 = _issue_step(a_bufs, b_bufs, ready, acc, steps - 1, a_layout)
         acc, a0, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0, a1))
         if steps > 1:
-            mbarrier.arrive(empty.index((steps - 2) % STAGES), count=1)
+            release_stage(empty, steps - 2)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(empty.index((steps - 1) % STAGES), count=1)
+    release_stage(empty, steps - 1)
     num_m = gl.cdiv(T, BLOCK_M)
     rows = (gl.program_id(0) % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
     cols = (gl.program_id(0) // num_m) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))

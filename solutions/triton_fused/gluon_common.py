@@ -1,5 +1,6 @@
-"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_warp_specialized.py,
-weight_grad_warp_specialized.py)."""
+"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_swap_ab.py, dx_warp_specialized.py,
+weight_grad_warp_specialized.py): the operand ring between the loader warp and the product warps, and how each side
+waits on it and hands a stage back, the persistent programs' tile count, the wgmma accumulator layout."""
 
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def wait_stage_ready(ready, step):
     s = step % STAGES
     mbarrier.wait(ready.index(s), (step // STAGES) & 1)
     return s
+
+
+@gluon.jit
+def release_stage(empty, step):
+    """The products' side of the ring: step's wgmma are done with its stage, which the loader may refill."""
+    STAGES: gl.constexpr = empty.shape[0]
+    mbarrier.arrive(empty.index(step % STAGES), count=1)
 
 
 @gluon.jit

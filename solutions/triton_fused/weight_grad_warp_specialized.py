@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .gluon_common import (
     operand_ring,
     program_tile_count,
+    release_stage,
     split_columns,
     wait_stage_free,
     wait_stage_ready,
@@ -110,7 +111,6 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
     warpgroup, so where one converts and stores, the other's wgmma have the tensor cores to themselves."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
-    STAGES: gl.constexpr = a_bufs.shape[0]
     PIECES: gl.constexpr = staging.shape[0]
     ROWS: gl.constexpr = staging.shape[1]
     WIDTH: gl.constexpr = staging.shape[2]
@@ -135,10 +135,10 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
                                     use_acc=kk > 0, is_async=True)  # fmt: skip
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the wgmma of the step before is done with its stage
-                mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+                release_stage(empty, step - 1)
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((step + STAGES - 1) % STAGES), count=1)
+        release_stage(empty, step - 1)
         pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
         for r in gl.static_range(ROUNDS):
             tma.store_wait(0)
