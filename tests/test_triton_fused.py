@@ -260,6 +260,14 @@ def test_warp_specialized_weight_gradient_needs_a_gpu_and_a_tail_of_16_or_32(int
             run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
+def test_resident_b_weight_gradient_refuses_more_than_its_slab_holds(interpreted) -> None:
+    """B's resident slab holds four K steps of 64 tokens: a plan that asks for it at T > 256 fails before any launch."""
+    resident = interpreted.WarpSpecializedWeightGrad(4, 32, b_resident=True)
+    plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=resident)
+    with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
+        run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
 def test_grad_w2_last_step(interpreted) -> None:
     """The gather shifts ge's last block by the rows of grad_w2's last step: Triton's whole block_k, or the Gluon
     kernel's short step where at most `tail` tokens are left, else its whole step of 64."""
@@ -453,15 +461,17 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int, by_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("b_resident", [False, True], ids=["B streamed", "B resident"])
 @pytest.mark.parametrize("tail", [16, 32])
 @pytest.mark.parametrize(
     "dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2053, 256), Dims(64, 20), Dims(512, 64), Dims(700, 200, 512, 320)],
     ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}",
 )  # fmt: skip
-def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, tail: int) -> None:
+def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, tail: int, b_resident: bool) -> None:
     """The Gluon grad_w1/grad_w3 gives Triton's bits: the same products in the same order, its short last step leaving
-    out only zero rows. T = 196 (4 tokens past 192), 215 (23: a short step with tail 32 only), 240 (48: whole steps),
-    256, 20 (the short step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
+    out only zero rows, with B streamed through the stages or resident (programs whose runs of tiles change column).
+    T = 196 (4 tokens past 192), 215 (23: a short step with tail 32 only), 240 (48: whole steps), 256, 20 (the short
+    step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
     module = solution_module()
     plan = module.plan_for(256)
     inputs = generate_inputs(dims, 0, "cuda")
@@ -475,7 +485,7 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
     expected = [outputs[name].clone() for name in names]
     for name in names:
         outputs[name].fill_(float("nan"))
-    module.grad_w13(p, plan.grad_w13, module.WarpSpecializedWeightGrad(4, tail))
+    module.grad_w13(p, plan.grad_w13, module.WarpSpecializedWeightGrad(4, tail, b_resident=b_resident))
     for name, want in zip(names, expected):
         assert torch.equal(outputs[name], want), name
 

@@ -53,6 +53,7 @@ WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tile
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
+WS_RESIDENT_STEPS = 4  # K steps of B's resident slab (WarpSpecializedWeightGrad.b_resident): 128 KB at 256 columns
 SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
 # Registers per thread of the warp-specialised weight gradient's second product warpgroup (Triton's compiler then
 # gives the first 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
@@ -98,6 +99,10 @@ class WarpSpecializedWeightGrad:
     # The tiles column by column (else row by row): for grad_w2 from T = 257 a wave of tiles then shares a few
     # column slabs of gated_output, as Triton's kernel in _WGRAD_WIDE_BY_COLUMN.
     by_column: bool = False
+    # B's column slab (T x 256) resident in shared memory, loaded once per column of tiles that a program's contiguous
+    # run of tiles reaches, so that a tile reads only A's block from L2 (at most WS_RESIDENT_STEPS K steps: T <= 256;
+    # grad_w1/grad_w3 alone at T = 196-256 -7.0 to -7.7 us, grad_w2 +1.5 to +3.0: docs/performance.md, v23).
+    b_resident: bool = False
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 # The plans of 224 < T <= 256 and 384 < T <= 512, which the buckets below them vary (their comments in PLANS).
 _PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                  zeros_at="after_grad_w2", dx_warp_specialized=True,
-                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32),
+                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32, b_resident=True),
                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))  # fmt: skip
 _PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                  dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
@@ -237,6 +242,8 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # (same-process A/B, means of three: T = 196-256 -0.5 to -7.7 us, the most at B = 4096; again with
     # benchmarks/plan_ab_triton_fused.py: -2.1 (196), -1.7 (215), -7.5 / -1.4 / -0.4 / +0.5 at T = 256 with
     # B = 4096 / 2053 / 2048 / 512: v14).
+    # grad_w1/grad_w3 with B's column slab resident in shared memory, so that a tile reads only A's block (alone: T = 196
+    # -7.7 us, 215 -7.7, 256 -7.0, the bits unchanged; v23).
     # Up to T = 224 dx is the swap-AB kernel over the bf16 copy in one block of 128 + 64 + 32 tokens, which pays for
     # 224 rows where 128-row tiles pay for 256 (same-process A/B against the Gluon dx, means of three: T = 196 -5.1 us,
     # 215 -2.9; in one chunk of 256 tokens -4.6 and -2.2, and at T = 256 +1.0, so not there: v22).
@@ -475,13 +482,19 @@ def grad_w13(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | 
         launch(d_up, p.x_precise, w3)
 
 
+def _check_resident_steps(w: WarpSpecializedWeightGrad, k_steps: int) -> None:
+    if w.b_resident and k_steps > WS_RESIDENT_STEPS:
+        raise ValueError(f"the weight gradient's resident B holds {WS_RESIDENT_STEPS} K steps of {WS_BLOCK_K} tokens, not {k_steps}")
+
+
 def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: torch.Tensor, b: torch.Tensor,
                                   c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:  # fmt: skip
     """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of w.tail rows where at most
     that many tokens are left (a's rows past T are zeros, padded to ROW_PAD; b's too where it is padded, else its
     last step is read as the rows that end at T, as weight_grad_kernel reads it)."""
-    _require_gpu(a, "weight gradient")
     full_steps, tail_steps = _steps(p.tokens, w)
+    _check_resident_steps(w, full_steps + tail_steps)
+    _require_gpu(a, "weight gradient")
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
     store = [WS_BLOCK_M // 2, WS_STORE_WIDTH]
@@ -490,7 +503,8 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
         _gluon_descriptor(a, [w.tail, WS_BLOCK_M]), _gluon_descriptor(b, [w.tail, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
         m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages,
-        BY_COLUMN=w.by_column, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
+        BY_COLUMN=w.by_column or w.b_resident, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
+        PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 
 
@@ -575,6 +589,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
         if gluon_weight_grad is not None and gluon_weight_grad.tail not in (16, 32):
             raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {gluon_weight_grad.tail}")
+        if gluon_weight_grad is not None:
+            _check_resident_steps(gluon_weight_grad, sum(_steps(inputs["token_indices"].numel(), gluon_weight_grad)))
     if plan.x16_at == "after_gather" and (plan.dh_gathers_rows or not plan.grad_w2_on_side):
         raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
     if plan.zeros_at == "last" and plan.scatter_on_side:

@@ -24,12 +24,17 @@ faster alone at T = 196-512 and 10-15 us faster in the whole backward at T = 196
 a K step late changes nothing (docs/performance.md, v21).
 
 The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns
-(of H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column
-tile fastest) or, with BY_COLUMN, column by column. Where F is a multiple of 128 one launch covers both weights: rows
-[0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one
-launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16
-KB of staging: 4 stages take 224 KB. Registers: 12 warps (4 + 4 + the loader, padded to a warpgroup) leave each
-product warpgroup more than the 128 registers per thread of its accumulator.
+(of H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column tile
+fastest) or, with BY_COLUMN, column by column. With SLAB_STEPS (T <= 256) B stays in shared memory instead: program p
+takes a contiguous run of the tiles column by column, the loader loads the T x 256 slab of B of each column it
+reaches once (after both warpgroups are done with the slab before), and a tile reads only A's block from L2, a third
+of the bytes of A's and B's at T = 256 (grad_w1/grad_w3 alone 6-7% faster at T = 196-256; grad_w2, whose programs load a
+slab for every 14 tiles rather than 28, slower: docs/performance.md, v23). Where F is a multiple of 128 one launch covers both
+weights: rows [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the
+launcher makes one launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of
+operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4 stages of A (64 KB), B's resident slab (128 KB) and
+the staging. Registers: 12 warps (4 + 4 + the loader, padded to a warpgroup) leave each product warpgroup more than
+the 128 registers per thread of its accumulator.
 
 For grad_w1/grad_w3 the rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to
 whole steps), so the sums are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the
@@ -74,16 +79,65 @@ def _tile_origin(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BY_CO
 
 
 @gluon.jit
-def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, B_ROWS, FULL_STEPS,
-                   TAIL_STEPS, BY_COLUMN: gl.constexpr):  # fmt: skip
+def _resident_run(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """With B resident: (first tile, tile count) of this program's contiguous run of the tiles, column by column."""
+    total = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    per = gl.cdiv(total, gl.num_programs(0))
+    first = gl.minimum(gl.program_id(0) * per, total)
+    return first, gl.minimum(first + per, total) - first
+
+
+@gluon.jit
+def _load_resident_slab(b_desc, b_tail_desc, b_slab, slab_ready, off_n, B_ROWS, FULL_STEPS, TAIL_STEPS):
+    """All K steps of B's column slab at off_n into the slab buffer, step kk counted in by slab_ready[kk]."""
+    BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
+    TAIL: gl.constexpr = b_tail_desc.block_type.shape[0]
+    for kk in range(FULL_STEPS):
+        mbarrier.expect(slab_ready.index(kk), b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], slab_ready.index(kk),
+                                        b_slab.index(kk))  # fmt: skip
+    if TAIL_STEPS > 0:
+        mbarrier.expect(slab_ready.index(FULL_STEPS), b_tail_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(b_tail_desc, [gl.minimum(FULL_STEPS * BLOCK_K, B_ROWS - TAIL), off_n],
+                                        slab_ready.index(FULL_STEPS), b_slab.index(FULL_STEPS).slice(0, TAIL))  # fmt: skip
+
+
+@gluon.jit
+def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready, slab_free, M, N,
+                   B_ROWS, FULL_STEPS, TAIL_STEPS, BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr):  # fmt: skip
     """Loader partition: each tile's FULL_STEPS whole K steps, then its TAIL_STEPS (0 or 1) short one, into stage
     step % STAGES once both product warpgroups have released it (`empty`); `ready` counts the bytes in. The step at
-    A's row k reads B's rows from min(k, B_ROWS - its rows), as in Triton's kernel."""
+    A's row k reads B's rows from min(k, B_ROWS - its rows), as in Triton's kernel. With B_RESIDENT the stages hold
+    A's blocks only: B's slab is loaded into b_bufs once per column of tiles, after both product warpgroups are done
+    with the one before (`slab_free`)."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     k_steps = FULL_STEPS + TAIL_STEPS
+    if B_RESIDENT:
+        num_m = gl.cdiv(M, BLOCK_M)
+        first, count = _resident_run(M, N, BLOCK_M, BLOCK_N)
+        step = 0
+        slab = 0
+        for j in range(count):
+            off_m, off_n = _tile_origin(first + j, M, N, BLOCK_M, BLOCK_N, True)
+            if (j == 0) | ((first + j) % num_m == 0):
+                if slab > 0:
+                    mbarrier.wait(slab_free, (slab - 1) & 1)
+                _load_resident_slab(b_desc, b_tail_desc, b_bufs, slab_ready, off_n, B_ROWS, FULL_STEPS, TAIL_STEPS)
+                slab += 1
+            for kk in range(k_steps):
+                s = wait_stage_free(empty, step)
+                bar = ready.index(s)
+                if kk < FULL_STEPS:
+                    mbarrier.expect(bar, a_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
+                else:
+                    mbarrier.expect(bar, a_tail_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s).slice(0, TAIL))
+                step += 1
+        return
     total = program_tile_count(M, N, BLOCK_M, BLOCK_N) * k_steps
     for step in range(total):
         s = wait_stage_free(empty, step)
@@ -103,12 +157,15 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
 
 
 @gluon.jit
-def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS,
-              TAIL: gl.constexpr, BY_COLUMN: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, M, N, HIGH_FROM,
+              FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr,
+              WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each tile, acc = A block^T @ B block over
     the tile's K steps (a short last one of TAIL rows where TAIL_STEPS = 1), then the half tile in bf16 through this
     warpgroup's staging buffer (PIECES blocks of c_desc at a time) and out by TMA. Nothing here waits for the other
-    warpgroup, so where one converts and stores, the other's wgmma have the tensor cores to themselves."""
+    warpgroup, so where one converts and stores, the other's wgmma have the tensor cores to themselves. With
+    B_RESIDENT, B's blocks come from the slab buffer, waited for once per column of tiles and handed back
+    (`slab_free`) after its last tile's products."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     PIECES: gl.constexpr = staging.shape[0]
@@ -117,28 +174,49 @@ def _products(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, 
     ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     k_steps = FULL_STEPS + TAIL_STEPS
-    my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
+    num_m = gl.cdiv(M, BLOCK_M)
+    if B_RESIDENT:
+        first, my_tiles = _resident_run(M, N, BLOCK_M, BLOCK_N)
+        stride = 1
+    else:
+        first = gl.program_id(0)
+        my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
+        stride = gl.num_programs(0)
     step = 0
+    slab = 0
     for j in range(my_tiles):
-        tile_m, off_n = _tile_origin(gl.program_id(0) + j * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
+        tile = first + j * stride
+        tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
         off_m = tile_m + WARPGROUP * ROWS
+        if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            if (j == 0) | (tile % num_m == 0):
+                for kk in range(k_steps):
+                    mbarrier.wait(slab_ready.index(kk), slab & 1)
+                slab += 1
         acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for kk in range(k_steps):
             s = wait_stage_ready(ready, step)
             a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
+            if B_RESIDENT:
+                b = b_bufs.index(kk)
+            else:
+                b = b_bufs.index(s)
             # An in-flight wgmma cannot leave an if, so each branch issues and waits.
             if kk < FULL_STEPS:
-                acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+                acc = warpgroup_mma(a.permute((1, 0)), b, acc, use_acc=kk > 0, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             else:
-                acc = warpgroup_mma(a.slice(0, TAIL).permute((1, 0)), b_bufs.index(s).slice(0, TAIL), acc,
-                                    use_acc=kk > 0, is_async=True)  # fmt: skip
+                acc = warpgroup_mma(a.slice(0, TAIL).permute((1, 0)), b.slice(0, TAIL), acc, use_acc=kk > 0,
+                                    is_async=True)  # fmt: skip
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the wgmma of the step before is done with its stage
                 release_stage(empty, step - 1)
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_stage(empty, step - 1)
+        if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            if (j + 1 == my_tiles) | ((tile + 1) % num_m == 0):
+                mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
         pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
         for r in gl.static_range(ROUNDS):
             tma.store_wait(0)
@@ -164,6 +242,10 @@ def weight_grad_ws_kernel(
     M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
     STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     BY_COLUMN: gl.constexpr,  # the tiles column by column (else row by row)
+    # B's column slab resident in shared memory, in SLAB_STEPS blocks (>= the K steps; 0: B streams through the
+    # stages with A): each program takes a contiguous run of the tiles column by column (BY_COLUMN must be set), so
+    # it loads B's slab once per column of tiles it reaches and a tile reads only A's block.
+    SLAB_STEPS: gl.constexpr,
     PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
     num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
 ):  # fmt: skip
@@ -176,7 +258,18 @@ def weight_grad_ws_kernel(
     [BLOCK_M / 2, WIDTH] pieces (a product warpgroup's rows)."""
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WIDTH: gl.constexpr = c_desc.block_type.shape[1]
-    a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
+    B_RESIDENT: gl.constexpr = SLAB_STEPS > 0
+    if B_RESIDENT:
+        a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2, B_BLOCKS=SLAB_STEPS)
+        slab_ready = gl.allocate_shared_memory(gl.int64, [SLAB_STEPS, 1], mbarrier.MBarrierLayout())
+        slab_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(SLAB_STEPS):
+            mbarrier.init(slab_ready.index(i), count=1)
+        mbarrier.init(slab_free, count=2)
+    else:
+        a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
+        slab_ready = ready  # unused
+        slab_free = ready  # unused
     # Half a warpgroup's columns per round: staging the whole 64 x 256 would cost an operand stage (3 stages with
     # full-width staging: 3-16% slower alone at T = 196-2048).
     staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
@@ -185,12 +278,12 @@ def weight_grad_ws_kernel(
     TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     gl.warp_specialize(
         [
-            (_products, (a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,
-                         TAIL_STEPS, TAIL, BY_COLUMN, 0, num_warps)),
-            (_products, (a_bufs, b_bufs, ready, empty, staging_second, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS,
-                         TAIL_STEPS, TAIL, BY_COLUMN, 1, 4)),
-            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, M, N, B_ROWS,
-                              FULL_STEPS, TAIL_STEPS, BY_COLUMN)),
+            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, M, N,
+                         HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, 0, num_warps)),
+            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging_second, c_desc, c_high_desc, M, N,
+                         HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, 1, 4)),
+            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready,
+                              slab_free, M, N, B_ROWS, FULL_STEPS, TAIL_STEPS, BY_COLUMN, B_RESIDENT)),
         ],
         [4, 1],  # the second product warpgroup, the loader warp
         [PRODUCT_REGS, 24],  # the loader needs few registers
