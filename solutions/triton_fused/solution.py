@@ -503,7 +503,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
         _gluon_descriptor(a, [w.tail, WS_BLOCK_M]), _gluon_descriptor(b, [w.tail, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
         m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages,
-        BY_COLUMN=w.by_column or w.b_resident, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
+        BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
         PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 

@@ -29,9 +29,12 @@ fastest) or, with BY_COLUMN, column by column. With SLAB_STEPS (T <= 256) B stay
 takes a contiguous run of the tiles column by column, the loader loads the T x 256 slab of B of each column it
 reaches once (after both warpgroups are done with the slab before), and a tile reads only A's block from L2, a third
 of the bytes of A's and B's at T = 256 (grad_w1/grad_w3 alone 6-7% faster at T = 196-256; grad_w2, whose programs load a
-slab for every 14 tiles rather than 28, slower: docs/performance.md, v23). Where F is a multiple of 128 one launch covers both
-weights: rows [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the
-launcher makes one launch per weight, with c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of
+slab for every 14 tiles rather than 28, slower: docs/performance.md, v23). The slab changes whole: handed back block by
+block, so that a new column's first blocks load under the last tile's products, the kernel was 5-10% slower alone;
+and it needs its four stages of A and half-width staging (3 stages, or 5 with quarter-width staging: 9-15% slower;
+v24). Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1 through c_desc, rows
+[F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with c_high_desc the same
+as c_desc. Shared memory: STAGES x (16 + 32) KB of
 operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4 stages of A (64 KB), B's resident slab (128 KB) and
 the staging. Registers: 12 warps (4 + 4 + the loader, padded to a warpgroup) leave each product warpgroup more than
 the 128 registers per thread of its accumulator.
@@ -88,6 +91,20 @@ def _resident_run(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _starts_slab(j, tile, num_m):
+    """With B resident: whether the j-th tile of this program's run (tile number `tile`) is the first it takes in its
+    column of tiles, where B's slab changes."""
+    return (j == 0) | (tile % num_m == 0)
+
+
+@gluon.jit
+def _ends_slab(j, count, tile, num_m):
+    """With B resident: whether the j-th of this program's `count` tiles is the last it takes in its column of tiles,
+    after which the slab is handed back."""
+    return (j + 1 == count) | ((tile + 1) % num_m == 0)
+
+
+@gluon.jit
 def _load_resident_slab(b_desc, b_tail_desc, b_slab, slab_ready, off_n, B_ROWS, FULL_STEPS, TAIL_STEPS):
     """All K steps of B's column slab at off_n into the slab buffer, step kk counted in by slab_ready[kk]."""
     BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
@@ -122,7 +139,7 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
         slab = 0
         for j in range(count):
             off_m, off_n = _tile_origin(first + j, M, N, BLOCK_M, BLOCK_N, True)
-            if (j == 0) | ((first + j) % num_m == 0):
+            if _starts_slab(j, first + j, num_m):
                 if slab > 0:
                     mbarrier.wait(slab_free, (slab - 1) & 1)
                 _load_resident_slab(b_desc, b_tail_desc, b_bufs, slab_ready, off_n, B_ROWS, FULL_STEPS, TAIL_STEPS)
@@ -186,10 +203,10 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_de
     slab = 0
     for j in range(my_tiles):
         tile = first + j * stride
-        tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
+        tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN or B_RESIDENT)
         off_m = tile_m + WARPGROUP * ROWS
         if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
-            if (j == 0) | (tile % num_m == 0):
+            if _starts_slab(j, tile, num_m):
                 for kk in range(k_steps):
                     mbarrier.wait(slab_ready.index(kk), slab & 1)
                 slab += 1
@@ -215,7 +232,7 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_de
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_stage(empty, step - 1)
         if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
-            if (j + 1 == my_tiles) | ((tile + 1) % num_m == 0):
+            if _ends_slab(j, my_tiles, tile, num_m):
                 mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
         pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
         for r in gl.static_range(ROUNDS):
@@ -243,8 +260,8 @@ def weight_grad_ws_kernel(
     STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     BY_COLUMN: gl.constexpr,  # the tiles column by column (else row by row)
     # B's column slab resident in shared memory, in SLAB_STEPS blocks (>= the K steps; 0: B streams through the
-    # stages with A): each program takes a contiguous run of the tiles column by column (BY_COLUMN must be set), so
-    # it loads B's slab once per column of tiles it reaches and a tile reads only A's block.
+    # stages with A): each program takes a contiguous run of the tiles column by column (whatever BY_COLUMN says),
+    # so it loads B's slab once per column of tiles it reaches and a tile reads only A's block.
     SLAB_STEPS: gl.constexpr,
     PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
     num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
