@@ -84,6 +84,11 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
     my_tiles = program_tile_count(T, F, BLOCK_M, BLOCK_N)
     step = 0
     for j in range(my_tiles):
+        # The tile's routing weights are loaded before its main loop, which hides their latency (loaded after it,
+        # they held up every tile's handoff).
+        tile = gl.program_id(0) + j * gl.num_programs(0)
+        rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        weights = gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
         for kk in range(k_steps):
             s = wait_stage_ready(ready, step)
@@ -94,9 +99,7 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         release_stage(empty, step - 1)
-        tile = gl.program_id(0) + j * gl.num_programs(0)
-        rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        dh = acc * gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)[:, None]
+        dh = acc * weights[:, None]
         mbarrier.wait(dh_free, (j & 1) ^ 1)
         pieces = split_columns(dh, PIECES)
         for i in gl.static_range(PIECES):

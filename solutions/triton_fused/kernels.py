@@ -197,6 +197,8 @@ def dh_swiglu_kernel(
         off_n = (tile // num_m) * BLOCK_N
         rows = off_m + tl.arange(0, BLOCK_M)
         tokens = rows < T
+        # The routing weights are loaded before the main loop, which hides their latency.
+        weights = tl.load(selected_weights + rows, mask=tokens, other=0.0).to(tl.float32)
         if not GATHERED:
             g_rows = g + tl.load(token_indices + rows, mask=tokens, other=0)[:, None] * H + tl.arange(0, BLOCK_K)[None, :]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -207,7 +209,7 @@ def dh_swiglu_kernel(
                 g_block = tl.load(g_rows + k, mask=tokens[:, None], other=0.0)
             acc = tl.dot(g_block, w2.load([k, off_n]), acc)
 
-        dh = acc * tl.load(selected_weights + rows, mask=tokens, other=0.0).to(tl.float32)[:, None]
+        dh = acc * weights[:, None]
         # fmt: off
         if EPILOGUE_SPLIT == 1:
             _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
