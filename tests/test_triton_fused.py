@@ -231,7 +231,7 @@ def test_half_precision_path(interpreted) -> None:
 def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(64) is interpreted.plan_for(1)
     assert interpreted.plan_for(129) is interpreted.plan_for(224) and interpreted.plan_for(225) is interpreted.plan_for(256)
-    assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(512)
+    assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
     plan = dataclasses.replace(interpreted.plan_for(64), dx_split=4)
     assert plan.dx.block_k == 64 and interpreted.dx_split_for(plan, 14336) == 4
@@ -336,6 +336,25 @@ def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
             assert result.status is Status.PASSED, f"{suite_name} #{result.index}: {result.message}"
 
 
+def test_edges_suite_covers_both_sides_of_every_bucket(interpreted) -> None:
+    """The edges suite, which the GPU test below checks, holds T = limit and limit + 1 of every bucket of the plans."""
+    tokens = {w.num_tokens for w in load_named_suite("edges").workloads}
+    for limit, _ in interpreted.PLANS[:-1]:
+        assert {limit, limit + 1} <= tokens, limit
+
+
+@pytest.mark.gpu
+def test_bucket_edges_pass_the_reference_check(tmp_path: Path) -> None:
+    """Every plan on both sides of its bucket's edges, one token and T = 1500 against the float32 reference, as the
+    harness checks the public suite (the edges suite: tolerances of the nearest public workloads)."""
+    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=10))
+    bench = Bench(get_solution("triton_fused"), torch.device("cuda"), options, tmp_path)
+    suite = load_named_suite("edges")
+    failed = [f"#{r.index} {r.status}: {r.message}" for r in bench.run(suite, suite.workloads).workloads
+              if r.status is not Status.PASSED]  # fmt: skip
+    assert not failed, failed
+
+
 @pytest.mark.gpu
 def test_each_bucket_compiles_once() -> None:
     """Calls within one T bucket (different T and B) add no compiled variant after the bucket's first call."""
@@ -347,8 +366,8 @@ def test_each_bucket_compiles_once() -> None:
         (Dims(4096, 256), Dims(2053, 256), Dims(600, 225)),
         (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the swap-AB dx up to 384
         (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
-        (Dims(3967, 496), Dims(1200, 385), Dims(1024, 512)),
-        (Dims(4096, 2048), Dims(2048, 1024), Dims(3000, 1501)),
+        (Dims(3967, 496), Dims(1200, 385), Dims(4096, 1024)),
+        (Dims(4096, 2048), Dims(2048, 1025), Dims(3000, 1501)),
     )
     for bucket in buckets:
         counts = []

@@ -48,6 +48,16 @@ def test_smoke_suite_covers_the_edge_cases() -> None:
     assert all(w.hidden_dim < 4096 and w.ffn_dim < 14336 for w in workloads)
 
 
+def test_edges_suite_is_as_strict_as_its_public_neighbours() -> None:
+    """Each tolerance of the edges suite is that of the public workload nearest in T (the smaller where two are as
+    near), at the public shapes and rtol."""
+    public = load_named_suite("public").workloads
+    for w in load_named_suite("edges").workloads:
+        nearest = min(public, key=lambda p: (abs(p.num_tokens - w.num_tokens), p.atol))
+        assert (w.atol, w.rtol) == (pytest.approx(nearest.atol, rel=1e-12), nearest.rtol), w.uuid
+        assert (w.hidden_dim, w.ffn_dim) == (nearest.hidden_dim, nearest.ffn_dim), w.uuid
+
+
 def test_select_by_index_and_uuid_prefix() -> None:
     suite = load_named_suite("public")
     assert [w.uuid for w in suite.select(["7", "4a23"])] == [suite.workloads[7].uuid, suite.workloads[14].uuid]
@@ -94,5 +104,5 @@ def test_manifest_that_is_not_yaml_or_not_a_mapping(tmp_path: Path) -> None:
 
 
 def test_unknown_suite_lists_the_known_ones() -> None:
-    with pytest.raises(ManifestError, match="known suites: public, smoke"):
+    with pytest.raises(ManifestError, match="known suites: edges, public, smoke"):
         load_named_suite("nightly")

@@ -272,8 +272,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # T = 496 and 512 +13.1 and +11.1, so not there: v22).
     (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3))),
     (384, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 128), 3))),
-    (512, _PLAN_512),
-    # From T = 513: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
+    # Up to T = 1024 rather than 512: just past 512 the last bucket's plan was 74 us slower (T = 513 739 us against 665
+    # with this plan, 640 786 against 712, 768 851 against 815, 1024 1043 against 1028; same-process A/B, means of
+    # three, the weight gradients' bits equal: v24).
+    (1024, _PLAN_512),
+    # From T = 1025: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
     # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
     # (timeline at T = 2048: dh starts at 20 us instead of 41, x16 22-404 us beside it, grad_w2 starts at dh's end
