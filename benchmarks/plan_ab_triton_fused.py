@@ -3,6 +3,8 @@
     PYTHONPATH=. python3 benchmarks/plan_ab_triton_fused.py --workloads 6,3 \
         --variant 'zeros behind grad_w2: side_prologue="zeros_after_grad_w2"' --reps 3 --out ab.jsonl
 
+--suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket).
+
 A variant is `name: field=value; field=value`, fields of solution.Plan and Python literals for their values
 (`dx_on_side=(False, True)`; a tuple for a tile gives Tile(*tuple), for dh_warp_specialized WarpSpecializedDh(*tuple),
 for grad_w13_warp_specialized and grad_w2_warp_specialized WarpSpecializedWeightGrad(*tuple), for dx_swap_ab
@@ -67,7 +69,8 @@ def variant_plans(bucket, variants: dict[str, dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--workloads", required=True, help="comma-separated indices of the public suite")
+    parser.add_argument("--workloads", required=True, help="comma-separated indices of the suite's workloads")
+    parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
     parser.add_argument("--variant", action="append", required=True, help="'name: field=value; ...' (repeatable)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default="plan_ab.jsonl")
@@ -79,7 +82,7 @@ def main() -> None:
     device = torch.device("cuda")
     out = Path(args.out)
     out.write_text(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
-    suite = load_named_suite("public").workloads
+    suite = load_named_suite(args.suite).workloads
     for index in (int(i) for i in args.workloads.split(",")):
         workload = suite[index]
         dims = workload.dims
