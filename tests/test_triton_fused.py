@@ -489,9 +489,8 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int, by_
 def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, tail: int, b_resident: bool) -> None:
     """The Gluon grad_w1/grad_w3 gives Triton's bits on every call: the same products in the same order, its short last
     step leaving out only zero rows, with B streamed through the stages or resident (programs whose runs of tiles
-    change column, the slab block by block under the last column's products). T = 196 (4 tokens past 192), 215 (23: a
-    short step with tail 32 only), 240 (48: whole steps), 256, 20 (the short step alone), 64; F = 320 is not a
-    multiple of 128 (one launch per weight)."""
+    change column). T = 196 (4 tokens past 192), 215 (23: a short step with tail 32 only), 240 (48: whole steps), 256,
+    20 (the short step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
     module = solution_module()
     plan = module.plan_for(256)
     inputs = generate_inputs(dims, 0, "cuda")
