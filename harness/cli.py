@@ -14,11 +14,20 @@ from rich.table import Table
 
 from harness import compare as comparing
 from harness import provenance
+from harness.problem import FFN_DIM, HIDDEN_DIM
 from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution
 from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, result_path, save
 from harness.status import Status
 from harness.timing import TimingConfig
-from harness.workloads import WORKLOADS_DIR, ManifestError, available_suites, load_named_suite, load_suite
+from harness.workloads import (
+    WORKLOADS_DIR,
+    ManifestError,
+    available_suites,
+    default_suite,
+    load_named_suite,
+    load_suite,
+    needs_gpu,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark harness for the MoE expert SwiGLU backward.")
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.
@@ -110,14 +119,14 @@ def bench(
 
     dev = pick_device(device)
     if suite is None:
-        suite = "public" if dev.type == "cuda" else "smoke"
+        suite = default_suite(dev.type)
         if dev.type == "cpu":
             console.print("[yellow]No CUDA GPU: running the smoke suite on the CPU; times are CPU wall clock.[/yellow]")
-    if suite == "public" and dev.type == "cpu":
-        fail("the public suite (H=4096, F=14336) needs a CUDA GPU; on a CPU use --suite smoke")
     try:
         chosen_suite = load_named_suite(suite)
         chosen = chosen_suite.select(workload) if workload else chosen_suite.workloads
+        if dev.type == "cpu" and needs_gpu(chosen):
+            fail(f"the {suite} suite (H={HIDDEN_DIM}, F={FFN_DIM}) needs a CUDA GPU; on a CPU use --suite smoke")
         names = list(discover(solutions_dir)) if solution == "all" else [n.strip() for n in solution.split(",") if n.strip()]
         solutions = [get_solution(name, solutions_dir) for name in names]
         options = BenchOptions(
@@ -156,7 +165,7 @@ def bench(
     partial = len(chosen) < len(chosen_suite.workloads)
     failed = False
     for result in results:
-        path = save(result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial=partial))
+        path = save(result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial, chosen_suite.name))
         console.print(workload_table(result))
         print_failures(result.workloads)
         latencies = [w.latency_us for w in result.workloads if w.latency_us is not None]

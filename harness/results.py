@@ -13,6 +13,7 @@ from harness.correctness import OutputCheck
 from harness.provenance import REPO_ROOT, Provenance
 from harness.status import Status
 from harness.timing import TimingStats
+from harness.workloads import default_suite
 
 RESULTS_DIR = REPO_ROOT / "results"
 SCHEMA_VERSION = 2  # 2: timing.host_us
@@ -98,8 +99,13 @@ class Calibration(BaseModel):
     provenance: Provenance
 
 
-def result_path(results_dir: Path, device_slug: str, solution: str, partial: bool = False) -> Path:
+def result_path(results_dir: Path, device_slug: str, solution: str, partial: bool = False, suite: str | None = None) -> Path:
+    """results/<device>/<solution>.json for the device's default suite (public on a GPU, smoke on the CPU: the files
+    that compare, plot and export read), results/<device>/<suite>/<solution>.json for any other suite, so that a run
+    of one suite never replaces another's file; a partial run's file goes to a `partial` folder there."""
     folder = results_dir / device_slug
+    if suite is not None and suite != default_suite("cpu" if device_slug == "cpu" else "cuda"):
+        folder = folder / suite
     return (folder / "partial" if partial else folder) / f"{solution}.json"
 
 

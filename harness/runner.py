@@ -310,11 +310,11 @@ class Scorer:
         return other
 
     def baseline_from_file(self) -> dict[str, float]:
-        """T_b per workload uuid from this device's reference_fp32 result file, if there is one."""
-        path = result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION)
-        if not path.exists():
-            return {}
-        return {w.uuid: w.latency_us for w in load_result(path).workloads if w.latency_us is not None}
+        """T_b per workload uuid from this device's reference_fp32 result files, the default suite's and any other
+        suite's (full runs only; a workload's uuid names it in every suite)."""
+        default = result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION)
+        paths = [default, *(p for p in default.parent.glob(f"*/{default.name}") if p.parent.name != "partial")]
+        return {w.uuid: w.latency_us for path in paths if path.exists() for w in load_result(path).workloads if w.latency_us is not None}
 
     def base(self, workload: Workload, index: int, status: Status, message: str, baseline_us: float | None = None) -> WorkloadResult:
         dims = workload.dims

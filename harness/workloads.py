@@ -129,6 +129,16 @@ def available_suites(directory: Path = WORKLOADS_DIR) -> dict[str, Path]:
     return {path.stem: path for path in sorted(directory.glob("*.yaml"))}
 
 
+def default_suite(device_type: str) -> str:
+    """The suite `harness bench` runs when none is named: the public one on a GPU, the small smoke one on a CPU."""
+    return "public" if device_type == "cuda" else "smoke"
+
+
+def needs_gpu(workloads: list[Workload]) -> bool:
+    """Whether any of these workloads has the model's full shapes, far too slow for the CPU."""
+    return any((w.hidden_dim, w.ffn_dim) == (HIDDEN_DIM, FFN_DIM) for w in workloads)
+
+
 def load_named_suite(name: str, directory: Path = WORKLOADS_DIR) -> Suite:
     suites = available_suites(directory)
     if name not in suites:

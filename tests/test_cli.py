@@ -63,6 +63,7 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
     [
         (("bench", "--solution", "nope"), "unknown solution 'nope'; known solutions: reference_fp32, torch_compile, torch_cublas, torch_eager, triton_fused"),
         (("bench", "--solution", "torch_eager", "--suite", "public"), "needs a CUDA GPU"),
+        (("bench", "--solution", "torch_eager", "--suite", "edges"), "the edges suite (H=4096, F=14336) needs a CUDA GPU"),
         (("bench", "--solution", "torch_eager", "--suite", "nightly"), "unknown suite 'nightly'"),
         (("bench", "--solution", "torch_eager", "--workload", "99"), "out of range"),
         (("compare", "--format", "xml"), "--format must be"),

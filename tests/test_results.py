@@ -9,7 +9,7 @@ import torch
 from harness import provenance
 from harness.registry import get_solution
 from harness.results import ResultsError, load_result, result_path, save
-from harness.runner import Bench, BenchOptions
+from harness.runner import Bench, BenchOptions, Scorer
 from harness.status import Status
 from harness.timing import TimingConfig, TimingStats
 from harness.workloads import load_named_suite
@@ -28,6 +28,27 @@ def test_round_trip(tmp_path: Path, bench_result) -> None:
     loaded = load_result(path)
     assert loaded == bench_result
     assert loaded.passed == 2 and loaded.workloads[0].status is Status.PASSED
+
+
+def test_each_suite_has_its_own_result_files(tmp_path: Path) -> None:
+    """The device's default suite (public on a GPU, smoke on the CPU) at results/<device>/, any other in a folder of
+    its own, so that running one suite never replaces another's result file."""
+    assert result_path(tmp_path, "cpu", "x", suite="smoke") == result_path(tmp_path, "cpu", "x") == tmp_path / "cpu" / "x.json"
+    assert result_path(tmp_path, "cpu", "x", partial=True, suite="edges") == tmp_path / "cpu" / "edges" / "partial" / "x.json"
+    assert result_path(tmp_path, "nvidia-h200", "x", suite="public") == tmp_path / "nvidia-h200" / "x.json"
+    assert result_path(tmp_path, "nvidia-h200", "x", suite="edges") == tmp_path / "nvidia-h200" / "edges" / "x.json"
+    assert result_path(tmp_path, "nvidia-h200", "x", suite="smoke") == tmp_path / "nvidia-h200" / "smoke" / "x.json"
+
+
+def test_baseline_comes_from_every_suites_full_runs(tmp_path: Path, bench_result) -> None:
+    """T_b for S: the baseline's full runs of the default suite and of any other suite (uuids name workloads in
+    every suite); a partial run is not read."""
+    first, second = bench_result.workloads[:2]
+    slower = first.model_copy(update={"timing": first.timing.model_copy(update={"mean_us": first.timing.mean_us + 1.0})})
+    for workloads, partial, suite in (([first], False, None), ([second], False, "other"), ([slower], True, None)):
+        save(bench_result.model_copy(update={"workloads": workloads}), result_path(tmp_path, "cpu", "reference_fp32", partial, suite))
+    baseline = Scorer(torch.device("cpu"), tmp_path).baseline_from_file()
+    assert baseline == {first.uuid: first.latency_us, second.uuid: second.latency_us}
 
 
 def test_provenance_and_seeds_are_recorded(bench_result) -> None:
