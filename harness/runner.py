@@ -42,7 +42,7 @@ from harness.results import (
 from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
 from harness.status import Status, worst
 from harness.timing import TimingConfig, time_solution
-from harness.workloads import Suite, Workload
+from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
 
 BASELINE_SOLUTION = "reference_fp32"
@@ -310,11 +310,10 @@ class Scorer:
         return other
 
     def baseline_from_file(self) -> dict[str, float]:
-        """T_b per workload uuid from this device's reference_fp32 result files, the default suite's and any other
-        suite's (full runs only; a workload's uuid names it in every suite)."""
-        default = result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION)
-        paths = [default, *(p for p in default.parent.glob(f"*/{default.name}") if p.parent.name != "partial")]
-        return {w.uuid: w.latency_us for path in paths if path.exists() for w in load_result(path).workloads if w.latency_us is not None}
+        """T_b per workload uuid from this device's reference_fp32 result files, those of every suite in workloads/
+        (full runs only; a workload's uuid names it in every suite)."""
+        paths = {result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION, suite=name) for name in available_suites()}
+        return {w.uuid: w.latency_us for path in sorted(paths) if path.exists() for w in load_result(path).workloads if w.latency_us is not None}
 
     def base(self, workload: Workload, index: int, status: Status, message: str, baseline_us: float | None = None) -> WorkloadResult:
         dims = workload.dims

@@ -41,11 +41,11 @@ def test_each_suite_has_its_own_result_files(tmp_path: Path) -> None:
 
 
 def test_baseline_comes_from_every_suites_full_runs(tmp_path: Path, bench_result) -> None:
-    """T_b for S: the baseline's full runs of the default suite and of any other suite (uuids name workloads in
+    """T_b for S: the baseline's full runs of the default suite and of the other suites (uuids name workloads in
     every suite); a partial run is not read."""
     first, second = bench_result.workloads[:2]
     slower = first.model_copy(update={"timing": first.timing.model_copy(update={"mean_us": first.timing.mean_us + 1.0})})
-    for workloads, partial, suite in (([first], False, None), ([second], False, "other"), ([slower], True, None)):
+    for workloads, partial, suite in (([first], False, None), ([second], False, "edges"), ([slower], True, None)):
         save(bench_result.model_copy(update={"workloads": workloads}), result_path(tmp_path, "cpu", "reference_fp32", partial, suite))
     baseline = Scorer(torch.device("cpu"), tmp_path).baseline_from_file()
     assert baseline == {first.uuid: first.latency_us, second.uuid: second.latency_us}
