@@ -208,14 +208,19 @@ def list_cmd(
     console.print(table)
 
 
-def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None):
+def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
     try:
-        frame = comparing.load_frame(results_dir, device, solutions)
+        frame = comparing.load_frame(results_dir, device, solutions, suite)
     except ResultsError as exc:
         fail(str(exc))
     if frame.empty:
-        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else ""))
+        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else "") + (f" for suite {suite}" if suite else ""))
     return frame
+
+
+SuiteOption = Annotated[
+    Optional[str], typer.Option(help="result files of this suite (results/<device>/<suite>/); default: each device's own suite")
+]
 
 
 @app.command("compare")
@@ -226,13 +231,14 @@ def compare_cmd(
     by_workload: Annotated[bool, typer.Option("--by-workload", help="one row per workload, one column per solution")] = False,
     value: Annotated[str, typer.Option(help="with --by-workload: latency_us, pct_sol, pct_sol_measured or sol_score")] = "latency_us",
     fmt: Annotated[str, typer.Option("--format", help="table, csv or markdown")] = "table",
+    suite: SuiteOption = None,
 ) -> None:
     """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""
     if fmt not in ("table", "csv", "markdown"):
         fail(f"--format must be table, csv or markdown, got '{fmt}'")
     if value not in ("latency_us", "pct_sol", "pct_sol_measured", "sol_score"):
         fail(f"--value must be latency_us, pct_sol, pct_sol_measured or sol_score, got '{value}'")
-    frame = load_results_or_fail(results_dir, device, solution)
+    frame = load_results_or_fail(results_dir, device, solution, suite)
     if by_workload:
         comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
     else:
@@ -245,11 +251,12 @@ def plot(
     device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
     solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
     out: Annotated[Path, typer.Option(help="folder for the PNG files")] = Path("docs/figures"),
+    suite: SuiteOption = None,
 ) -> None:
     """PNG figures from the result files: latency against T with the roofline, and percent of SOL."""
     from harness.plot import plot_all
 
-    for path in plot_all(load_results_or_fail(results_dir, device, solution), out):
+    for path in plot_all(load_results_or_fail(results_dir, device, solution, suite), out):
         console.print(f"wrote {path}", highlight=False)
 
 

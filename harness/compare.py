@@ -19,11 +19,14 @@ from harness.runner import BASELINE_SOLUTION
 from harness.status import Status
 
 
-def load_frame(results_dir: Path, device: str | None = None, solutions: list[str] | None = None) -> pd.DataFrame:
-    """One row per (device, solution, workload) over every result file under results_dir."""
+def load_frame(
+    results_dir: Path, device: str | None = None, solutions: list[str] | None = None, suite: str | None = None
+) -> pd.DataFrame:
+    """One row per (device, solution, workload) over the result files under results_dir: each device's default
+    suite's, or `suite`'s."""
     rows = []
-    for path in find_results(results_dir):
-        slug = path.parent.name
+    for path in find_results(results_dir, suite):
+        slug = path.relative_to(results_dir).parts[0]
         if device is not None and slug != device:
             continue
         result = load_result(path)

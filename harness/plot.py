@@ -10,6 +10,7 @@ matplotlib.use("Agg")  # files only: no display on CI machines or the GPU machin
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from harness.results import folder_suite
 from harness.status import Status
 
 
@@ -77,10 +78,13 @@ def percent_of_sol_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def plot_all(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Both figures per device and suite, named <device>-... for the device's default suite, <device>-<suite>-...
+    for another."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for device, group in frame.groupby("device"):
-        paths.append(latency_figure(group, out_dir / f"{device}-latency.png", f"Latency per workload on {device}"))
+    for (device, suite), group in frame.groupby(["device", "suite"]):
+        name, on = (device, device) if suite == folder_suite(device) else (f"{device}-{suite}", f"{device}, suite {suite}")
+        paths.append(latency_figure(group, out_dir / f"{name}-latency.png", f"Latency per workload on {on}"))
         if group["pct_sol"].notna().any():
-            paths.append(percent_of_sol_figure(group, out_dir / f"{device}-percent-of-sol.png", f"Percent of SOL on {device}"))
+            paths.append(percent_of_sol_figure(group, out_dir / f"{name}-percent-of-sol.png", f"Percent of SOL on {on}"))
     return paths

@@ -99,12 +99,18 @@ class Calibration(BaseModel):
     provenance: Provenance
 
 
+def folder_suite(device_slug: str) -> str:
+    """The suite whose result files sit in results/<device>/ itself: the default suite of the device (public in a GPU's
+    folder, smoke in the CPU's)."""
+    return default_suite("cpu" if device_slug == "cpu" else "cuda")
+
+
 def result_path(results_dir: Path, device_slug: str, solution: str, partial: bool = False, suite: str | None = None) -> Path:
     """results/<device>/<solution>.json for the device's default suite (public on a GPU, smoke on the CPU: the files
     that compare, plot and export read), results/<device>/<suite>/<solution>.json for any other suite, so that a run
     of one suite never replaces another's file; a partial run's file goes to a `partial` folder there."""
     folder = results_dir / device_slug
-    if suite is not None and suite != default_suite("cpu" if device_slug == "cpu" else "cuda"):
+    if suite is not None and suite != folder_suite(device_slug):
         folder = folder / suite
     return (folder / "partial" if partial else folder) / f"{solution}.json"
 
@@ -135,5 +141,9 @@ def load_calibration(results_dir: Path, device_slug: str) -> Calibration | None:
     return _load(path, Calibration) if path.exists() else None  # type: ignore[return-value]
 
 
-def find_results(results_dir: Path) -> list[Path]:
-    return sorted(p for p in results_dir.glob("*/*.json") if p.name != CALIBRATION_FILE)
+def find_results(results_dir: Path, suite: str | None = None) -> list[Path]:
+    """The result files of full runs: of each device's default suite, or with `suite` of that suite on every device
+    (result_path's layout)."""
+    devices = sorted(p.name for p in results_dir.iterdir() if p.is_dir()) if results_dir.is_dir() else []
+    folders = [result_path(results_dir, device, "any", suite=suite).parent for device in devices]
+    return sorted(p for folder in folders for p in folder.glob("*.json") if p.name != CALIBRATION_FILE)

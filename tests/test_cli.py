@@ -51,6 +51,30 @@ def test_bench_then_compare(tmp_path: Path) -> None:
     assert lines[0].startswith("| device | index | B | T |") and len(lines) == 2 + 6
 
 
+def test_another_suites_results_are_compared_and_plotted_apart(tmp_path: Path) -> None:
+    """A suite other than the device's own has its result files in results/<device>/<suite>/: compare and plot read
+    them with --suite, and only then."""
+    result = invoke("bench", "--solution", "torch_eager", "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "10")
+    assert result.exit_code == 0, result.output
+    raw = json.loads((tmp_path / "cpu" / "torch_eager.json").read_text())
+    raw["config"]["suite"] = "edges"
+    other = tmp_path / "cpu" / "edges" / "torch_eager.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps(raw))
+
+    def suites(*extra: str) -> set[str]:
+        table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv", *extra)
+        assert table.exit_code == 0, table.output
+        return set(pd.read_csv(io.StringIO(table.output)).suite)
+
+    assert suites() == {"smoke"} and suites("--suite", "edges") == {"edges"}
+    figures = invoke("plot", "--results-dir", str(tmp_path), "--suite", "edges", "--out", str(tmp_path / "figures"))
+    assert figures.exit_code == 0, figures.output
+    assert [p.name for p in (tmp_path / "figures").iterdir()] == ["cpu-edges-latency.png"]
+    missing = invoke("compare", "--results-dir", str(tmp_path), "--suite", "public")
+    assert missing.exit_code == 2 and "for suite public" in missing.output
+
+
 def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> None:
     result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(tmp_path), "--trials", "1")
     assert result.exit_code == 0, result.output
