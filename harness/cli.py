@@ -16,7 +16,7 @@ from harness import compare as comparing
 from harness import provenance
 from harness.problem import FFN_DIM, HIDDEN_DIM
 from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution
-from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, result_path, save
+from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, find_results, result_path, save
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import (
@@ -276,7 +276,7 @@ def export_cmd(
 
     if fmt not in ("leaderboard", "sol-execbench"):
         fail(f"--format must be leaderboard or sol-execbench, got '{fmt}'")
-    candidates = sorted(p for p in results_dir.glob(f"*/{solution}.json") if device is None or p.parent.name == device)
+    candidates = [p for p in find_results(results_dir) if p.name == f"{solution}.json" and device in (None, p.parent.name)]
     if not candidates:
         fail(f"no result file for '{solution}' under {results_dir}" + (f"/{device}" if device else "") + "; run harness bench first")
     if len(candidates) > 1:
