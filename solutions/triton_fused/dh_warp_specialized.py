@@ -14,7 +14,7 @@ epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and ta
   fp16 and in bf16 with plain stores.
 
 So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
-launcher uses this kernel from T = 257, with 128 x 128 tiles up to T = 512, where a program has 2.5-3.4 of them
+launcher uses this kernel from T = 257, with 128 x 128 tiles up to T = 1024, where a program has 2.5-6.8 of them
 (docs/performance.md, v12 and v18). The register file bounds the layout: the 64 x 256 fp32 accumulator of each
 product warpgroup needs at least 154 registers per thread, which ptxas grants only if the whole kernel has at most
 12 warps (8 + 1 + 2, padded to whole warpgroups).

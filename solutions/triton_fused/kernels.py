@@ -21,7 +21,7 @@ and beside them, on a second stream (the launcher orders the two with events):
                             token selects, as zeros: memory traffic hidden under dh's tensor-core work
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
-- `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 512)
+- `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 1024)
 - `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); at
                             128 < T <= 384 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
                             (tokens on wgmma's N side) up to T = 224 and from T = 257, dx_warp_specialized.py's

@@ -1,7 +1,7 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
 from T = 257, dx in dx_swap_ab.py at 128 < T <= 224 and 256 < T <= 384 and in dx_warp_specialized.py at
-224 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 512,
+224 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 1024,
 grad_w1/grad_w3 at every T from there).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
@@ -212,7 +212,7 @@ _DX_BESIDE_WGRAD = Tile(128, 128, 64, 4, 3)
 # grad_w2 column by column of tiles: a wave of tiles then shares a few column slabs of gated_output (T x F, 58 MB
 # at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
-# The plans of 224 < T <= 256 and 384 < T <= 512, which the buckets below them vary (their comments in PLANS).
+# The plans of 224 < T <= 256 and 384 < T <= 1024, which the buckets below them vary (their comments in PLANS).
 _PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                  zeros_at="after_grad_w2", dx_warp_specialized=True,
                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32, b_resident=True),

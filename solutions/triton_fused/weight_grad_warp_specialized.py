@@ -1,6 +1,6 @@
 """[grad_w1; grad_w3] = [d_a | d_up]^T @ x16, and grad_w2 = ge^T @ gated_output, as a warp-specialised Gluon kernel
 (Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it from T = 129
-on: both weight gradients up to T = 512, grad_w1/grad_w3 above).
+on: both weight gradients up to T = 1024, grad_w1/grad_w3 above).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
 multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
@@ -34,10 +34,9 @@ block, so that a new column's first blocks load under the last tile's products, 
 and it needs its four stages of A and half-width staging (3 stages, or 5 with quarter-width staging: 9-15% slower;
 v24). Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1 through c_desc, rows
 [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with c_high_desc the same
-as c_desc. Shared memory: STAGES x (16 + 32) KB of
-operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4 stages of A (64 KB), B's resident slab (128 KB) and
-the staging. Registers: 12 warps (4 + 4 + the loader, padded to a warpgroup) leave each product warpgroup more than
-the 128 registers per thread of its accumulator.
+as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4
+stages of A (64 KB), B's resident slab (128 KB) and the staging. Registers: 12 warps (4 + 4 + the loader, padded to a
+warpgroup) leave each product warpgroup more than the 128 registers per thread of its accumulator.
 
 For grad_w1/grad_w3 the rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to
 whole steps), so the sums are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the
