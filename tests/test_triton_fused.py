@@ -253,16 +253,15 @@ def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> N
 
 
 @pytest.mark.parametrize("field", ["grad_w13_warp_specialized", "grad_w2_warp_specialized"])
-def test_warp_specialized_weight_gradient_needs_a_gpu_and_a_tail_of_16_or_32(interpreted, field: str) -> None:
-    for tail, message in ((32, "Triton's CPU interpreter cannot run it"), (8, "tail must be 16 or 32 rows, not 8")):
-        plan = dataclasses.replace(small_plan(interpreted), **{field: interpreted.WarpSpecializedWeightGrad(4, tail)})
-        with pytest.raises(ValueError, match=message):
-            run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+def test_warp_specialized_weight_gradient_needs_a_gpu(interpreted, field: str) -> None:
+    plan = dataclasses.replace(small_plan(interpreted), **{field: interpreted.WarpSpecializedWeightGrad(4)})
+    with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
 def test_resident_b_weight_gradient_refuses_more_than_its_slab_holds(interpreted) -> None:
     """B's resident slab holds four K steps of 64 tokens: a plan that asks for it at T > 256 fails before any launch."""
-    resident = interpreted.WarpSpecializedWeightGrad(4, 32, b_resident=True)
+    resident = interpreted.WarpSpecializedWeightGrad(4, b_resident=True)
     plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=resident)
     with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
         run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
@@ -270,11 +269,11 @@ def test_resident_b_weight_gradient_refuses_more_than_its_slab_holds(interpreted
 
 def test_grad_w2_last_step(interpreted) -> None:
     """The gather shifts ge's last block by the rows of grad_w2's last step: Triton's whole block_k, or the Gluon
-    kernel's short step where at most `tail` tokens are left, else its whole step of 64."""
+    kernel's short step of 32 rows where at most 32 tokens are left, else its whole step of 64."""
     triton_kernel = dataclasses.replace(interpreted.plan_for(256), grad_w2_warp_specialized=None)
-    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=interpreted.WarpSpecializedWeightGrad(4, 32))
+    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=interpreted.WarpSpecializedWeightGrad(4))
     assert interpreted.grad_w2_last_step(triton_kernel, 196) == triton_kernel.grad_w2.block_k
-    assert [interpreted.grad_w2_last_step(gluon, t) for t in (196, 215, 224, 296, 256)] == [32, 32, 32, 64, 64]
+    assert [interpreted.grad_w2_last_step(gluon, t) for t in (196, 215, 224, 240, 296, 256, 20)] == [32, 32, 32, 64, 64, 64, 32]
 
 
 def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
@@ -460,19 +459,21 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("by_column", [False, True], ids=["by_row", "by_column"])
-@pytest.mark.parametrize("tail", [16, 32])
-@pytest.mark.parametrize("dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2371, 296), Dims(2689, 336), Dims(512, 64)],
-                         ids=lambda d: f"T{d.num_tokens}")  # fmt: skip
-def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int, by_column: bool) -> None:
-    """grad_w2 by the Gluon kernel, whose last step (short where at most `tail` tokens are left) reads gated_output's
-    rows that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the
-    same order, less zero rows), in either tile order, and every other output is unchanged. T = 196 (4 tokens past
-    192), 215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 64 (no remainder)."""
+@pytest.mark.parametrize(
+    "dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2371, 296), Dims(2689, 336), Dims(512, 64), Dims(64, 20)],
+    ids=lambda d: f"T{d.num_tokens}",
+)  # fmt: skip
+def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: bool) -> None:
+    """grad_w2 by the Gluon kernel, whose last step (short where at most 32 tokens are left) reads gated_output's rows
+    that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the same
+    order, less zero rows), in either tile order, and every other output is unchanged. T = 196 (4 tokens past 192),
+    215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 64 (no remainder), 20 (the short step
+    alone)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
     triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
-    gluon_kernel = module.WarpSpecializedWeightGrad(4, tail, by_column)
+    gluon_kernel = module.WarpSpecializedWeightGrad(4, by_column)
     gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=gluon_kernel)
     results = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon))
     for spec, triton_bits, gluon_bits in zip(OUTPUTS, *results):
@@ -481,16 +482,15 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, tail: int, by_
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_resident", [False, True], ids=["B streamed", "B resident"])
-@pytest.mark.parametrize("tail", [16, 32])
 @pytest.mark.parametrize(
     "dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2053, 256), Dims(64, 20), Dims(512, 64), Dims(700, 200, 512, 320)],
     ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}",
 )  # fmt: skip
-def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, tail: int, b_resident: bool) -> None:
+def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, b_resident: bool) -> None:
     """The Gluon grad_w1/grad_w3 gives Triton's bits on every call: the same products in the same order, its short last
     step leaving out only zero rows, with B streamed through the stages or resident (programs whose runs of tiles
-    change column). T = 196 (4 tokens past 192), 215 (23: a short step with tail 32 only), 240 (48: whole steps), 256,
-    20 (the short step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
+    change column). T = 196 (4 tokens past 192), 215 (23), 240 (48: whole steps), 256, 20 (the short step alone), 64;
+    F = 320 is not a multiple of 128 (one launch per weight)."""
     module = solution_module()
     plan = module.plan_for(256)
     inputs = generate_inputs(dims, 0, "cuda")
@@ -505,7 +505,7 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
     for call in range(3):
         for name in names:
             outputs[name].fill_(float("nan"))
-        module.grad_w13(p, plan.grad_w13, module.WarpSpecializedWeightGrad(4, tail, b_resident=b_resident))
+        module.grad_w13(p, plan.grad_w13, module.WarpSpecializedWeightGrad(4, b_resident=b_resident))
         for name, want in zip(names, expected):
             assert torch.equal(outputs[name], want), f"{name}, call {call}"
 

@@ -52,6 +52,9 @@ ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
 WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tiles (two warpgroups of 64-row wgmma)
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
+# Its short last K step: where at most this many tokens are left after the whole steps, they are a step of this many
+# rows rather than of 64 (a step of 16 rows, where at most 16 are left, was slower than one of 32 in every A/B of v25).
+WS_SHORT_STEP = 32
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
 WS_RESIDENT_STEPS = 4  # K steps of B's resident slab (WarpSpecializedWeightGrad.b_resident): 128 KB at 256 columns
 SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
@@ -95,7 +98,6 @@ class WarpSpecializedWeightGrad:
     weight_grad_warp_specialized.py)."""
 
     stages: int  # operand stages in shared memory
-    tail: int  # 16 or 32: a last K step of at most this many tokens is a step of this many rows, not of 64
     # The tiles column by column (else row by row): for grad_w2 from T = 257 a wave of tiles then shares a few
     # column slabs of gated_output, as Triton's kernel in _WGRAD_WIDE_BY_COLUMN.
     by_column: bool = False
@@ -215,13 +217,13 @@ _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 # The plans of 224 < T <= 256 and 384 < T <= 1024, which the buckets below them vary (their comments in PLANS).
 _PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                  zeros_at="after_grad_w2", dx_warp_specialized=True,
-                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 32, b_resident=True),
-                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 32))  # fmt: skip
+                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, b_resident=True),
+                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4))  # fmt: skip
 _PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                  dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
                  dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
-                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 16),
-                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, 16, by_column=True))  # fmt: skip
+                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4),
+                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True))  # fmt: skip
 PLANS: tuple[tuple[int, Plan], ...] = (
     # dx's w3 half behind dh on the caller's stream, ahead of grad_w1/grad_w3, its w1 half beside them on the side
     # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T). scatter
@@ -233,7 +235,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
     # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
     # grad_w1/grad_w3 as the Gluon kernel with a last step of up to 32 tokens (A/B against Triton's kernel, means of
-    # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6; a tail of 16: 196 -15.5, 215 -6.4: v17).
+    # three: T = 196 -13.3 us, 215 -13.9, 256 -0.6 to -5.6: v17).
     # grad_w2 by the same Gluon kernel, its last step reading the rows of gated_output that end at T (A/B against
     # Triton's 128 x 128 pair, means of three: T = 196 -3.1 us, 215 -3.7, 256 +0.1 and +1.0: v19). Since v21 the
     # Gluon kernel's two warpgroups work independently (A/B of both weight gradients so against v20's kernel, means of
@@ -285,7 +287,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # kernel (A/B at T = 2048, means of three: -7.0 and -5.2 us; grad_w2 so too, column by column, +2.1: v21).
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1, fewest_programs=True), dh_programmatic_launch=True,
-                   x16_at="after_gather", zeros_at="after_grad_w2", grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, 16))),
+                   x16_at="after_gather", zeros_at="after_grad_w2", grad_w13_warp_specialized=WarpSpecializedWeightGrad(4))),
 )
 
 
@@ -293,10 +295,11 @@ def plan_for(num_tokens: int) -> Plan:
     return next(plan for limit, plan in PLANS if num_tokens <= limit)
 
 
-def _steps(tokens: int, warp_specialized: WarpSpecializedWeightGrad) -> tuple[int, int]:
-    """(whole K steps, short ones) of the Gluon weight gradient: a last step of at most `tail` tokens is a short one."""
+def _steps(tokens: int) -> tuple[int, int]:
+    """(whole K steps, short ones) of the Gluon weight gradient: a last step of at most WS_SHORT_STEP tokens is a
+    short one."""
     left = tokens % WS_BLOCK_K
-    if 0 < left <= warp_specialized.tail:
+    if 0 < left <= WS_SHORT_STEP:
         return tokens // WS_BLOCK_K, 1
     return triton.cdiv(tokens, WS_BLOCK_K), 0
 
@@ -305,7 +308,7 @@ def grad_w2_last_step(plan: Plan, tokens: int) -> int:
     """The rows of grad_w2's last K step, whose block of ge the gather shifts (gather_kernel)."""
     if plan.grad_w2_warp_specialized is None:
         return plan.grad_w2.block_k
-    return plan.grad_w2_warp_specialized.tail if _steps(tokens, plan.grad_w2_warp_specialized)[1] else WS_BLOCK_K
+    return WS_SHORT_STEP if _steps(tokens)[1] else WS_BLOCK_K
 
 
 def dx_split_for(plan: Plan, ffn_dim: int) -> int:
@@ -492,10 +495,10 @@ def _check_resident_steps(w: WarpSpecializedWeightGrad, k_steps: int) -> None:
 
 def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: torch.Tensor, b: torch.Tensor,
                                   c: torch.Tensor, c_high: torch.Tensor | None = None) -> None:  # fmt: skip
-    """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of w.tail rows where at most
-    that many tokens are left (a's rows past T are zeros, padded to ROW_PAD; b's too where it is padded, else its
+    """As _weight_grad, by the Gluon kernel: whole K steps of 64 tokens, and a last one of WS_SHORT_STEP rows where at
+    most that many tokens are left (a's rows past T are zeros, padded to ROW_PAD; b's too where it is padded, else its
     last step is read as the rows that end at T, as weight_grad_kernel reads it)."""
-    full_steps, tail_steps = _steps(p.tokens, w)
+    full_steps, tail_steps = _steps(p.tokens)
     _check_resident_steps(w, full_steps + tail_steps)
     _require_gpu(a, "weight gradient")
     m, n = a.shape[1], b.shape[1]
@@ -503,7 +506,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     store = [WS_BLOCK_M // 2, WS_STORE_WIDTH]
     weight_grad_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
         _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
-        _gluon_descriptor(a, [w.tail, WS_BLOCK_M]), _gluon_descriptor(b, [w.tail, WS_BLOCK_N]),
+        _gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), _gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
         m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages,
         BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
@@ -590,10 +593,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
-        if gluon_weight_grad is not None and gluon_weight_grad.tail not in (16, 32):
-            raise ValueError(f"the warp-specialised weight gradient's tail must be 16 or 32 rows, not {gluon_weight_grad.tail}")
         if gluon_weight_grad is not None:
-            _check_resident_steps(gluon_weight_grad, sum(_steps(inputs["token_indices"].numel(), gluon_weight_grad)))
+            _check_resident_steps(gluon_weight_grad, sum(_steps(inputs["token_indices"].numel())))
     if plan.x16_at == "after_gather" and (plan.dh_gathers_rows or not plan.grad_w2_on_side):
         raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
     if plan.zeros_at == "last" and plan.scatter_on_side:

@@ -189,7 +189,6 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_de
     WIDTH: gl.constexpr = staging.shape[2]
     ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
-    k_steps = FULL_STEPS + TAIL_STEPS
     num_m = gl.cdiv(M, BLOCK_M)
     if B_RESIDENT:
         first, my_tiles = _resident_run(M, N, BLOCK_M, BLOCK_N)
@@ -206,26 +205,34 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_de
         off_m = tile_m + WARPGROUP * ROWS
         if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
             if _starts_slab(j, tile, num_m):
-                for kk in range(k_steps):
+                for kk in range(FULL_STEPS + TAIL_STEPS):
                     mbarrier.wait(slab_ready.index(kk), slab & 1)
                 slab += 1
         acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-        for kk in range(k_steps):
+        for kk in range(FULL_STEPS):
             s = wait_stage_ready(ready, step)
             a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
             if B_RESIDENT:
                 b = b_bufs.index(kk)
             else:
                 b = b_bufs.index(s)
-            # An in-flight wgmma cannot leave an if, so each branch issues and waits.
-            if kk < FULL_STEPS:
-                acc = warpgroup_mma(a.permute((1, 0)), b, acc, use_acc=kk > 0, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            else:
-                acc = warpgroup_mma(a.slice(0, TAIL).permute((1, 0)), b.slice(0, TAIL), acc, use_acc=kk > 0,
-                                    is_async=True)  # fmt: skip
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            acc = warpgroup_mma(a.permute((1, 0)), b, acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             if kk > 0:  # the wgmma of the step before is done with its stage
+                release_stage(empty, step - 1)
+            step += 1
+        # The short step after the loop rather than a branch in it: 1.5-2.9 us faster in the whole backward (v25). An
+        # in-flight wgmma cannot leave an if, so the branch issues and waits.
+        if TAIL_STEPS > 0:
+            s = wait_stage_ready(ready, step)
+            a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1).slice(0, TAIL)
+            if B_RESIDENT:
+                b = b_bufs.index(FULL_STEPS)
+            else:
+                b = b_bufs.index(s)
+            acc = warpgroup_mma(a.permute((1, 0)), b.slice(0, TAIL), acc, use_acc=FULL_STEPS > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if FULL_STEPS > 0:
                 release_stage(empty, step - 1)
             step += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
