@@ -105,13 +105,17 @@ def folder_suite(device_slug: str) -> str:
     return default_suite("cpu" if device_slug == "cpu" else "cuda")
 
 
-def result_path(results_dir: Path, device_slug: str, solution: str, partial: bool = False, suite: str | None = None) -> Path:
-    """results/<device>/<solution>.json for the device's default suite (public on a GPU, smoke on the CPU: the files
-    that compare, plot and export read), results/<device>/<suite>/<solution>.json for any other suite, so that a run
-    of one suite never replaces another's file; a partial run's file goes to a `partial` folder there."""
+def result_folder(results_dir: Path, device_slug: str, suite: str | None = None) -> Path:
+    """results/<device>/ for the device's default suite (public on a GPU, smoke on the CPU: the files that compare,
+    plot and export read), results/<device>/<suite>/ for any other suite, so that a run of one suite never replaces
+    another's file."""
     folder = results_dir / device_slug
-    if suite is not None and suite != folder_suite(device_slug):
-        folder = folder / suite
+    return folder if suite is None or suite == folder_suite(device_slug) else folder / suite
+
+
+def result_path(results_dir: Path, device_slug: str, solution: str, partial: bool = False, suite: str | None = None) -> Path:
+    """<solution>.json in result_folder; a partial run's file goes to a `partial` folder there."""
+    folder = result_folder(results_dir, device_slug, suite)
     return (folder / "partial" if partial else folder) / f"{solution}.json"
 
 
@@ -145,5 +149,5 @@ def find_results(results_dir: Path, suite: str | None = None) -> list[Path]:
     """The result files of full runs: of each device's default suite, or with `suite` of that suite on every device
     (result_path's layout)."""
     devices = sorted(p.name for p in results_dir.iterdir() if p.is_dir()) if results_dir.is_dir() else []
-    folders = [result_path(results_dir, device, "any", suite=suite).parent for device in devices]
+    folders = [result_folder(results_dir, device, suite) for device in devices]
     return sorted(p for folder in folders for p in folder.glob("*.json") if p.name != CALIBRATION_FILE)
