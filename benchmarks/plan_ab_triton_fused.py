@@ -8,7 +8,8 @@
 A variant is `name: field=value; field=value`, fields of solution.Plan and Python literals for their values
 (`dx_on_side=(False, True)`; a tuple for a tile gives Tile(*tuple), for dh_warp_specialized WarpSpecializedDh(*tuple),
 for grad_w13_warp_specialized and grad_w2_warp_specialized WarpSpecializedWeightGrad(*tuple), for dx_swap_ab
-SwapAbDx(*tuple), as in `dx_swap_ab=((256, 64), 3)`, and None turns those four off).
+SwapAbDx(*tuple), as in `dx_swap_ab=((256, 64), 3)`, for dx_grad_w13 WarpSpecializedDxGradW13(*tuple), and None turns
+those five off).
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
@@ -50,6 +51,7 @@ def parse_variant(text: str, module) -> tuple[str, dict]:
         "WarpSpecializedDh | None": module.WarpSpecializedDh,
         "WarpSpecializedWeightGrad | None": module.WarpSpecializedWeightGrad,
         "SwapAbDx | None": module.SwapAbDx,
+        "WarpSpecializedDxGradW13 | None": module.WarpSpecializedDxGradW13,
     }
     changes = {}
     for assignment in assignments.split(";"):

@@ -236,6 +236,8 @@ def test_plans_by_bucket(interpreted) -> None:
     plan = dataclasses.replace(interpreted.plan_for(64), dx_split=4)
     assert plan.dx.block_k == 64 and interpreted.dx_split_for(plan, 14336) == 4
     assert interpreted.dx_split_for(plan, 384) == 3  # 384 = 6 steps of 64: the largest split <= 4 dividing it
+    fused = interpreted.plan_for(128)
+    assert fused is interpreted.plan_for(65) and fused.dx_grad_w13 is not None and interpreted.dx_split_for(fused, 320) == 1
 
 
 def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> None:
@@ -304,6 +306,26 @@ def test_swap_ab_dx_refuses_what_it_cannot_run(interpreted, changes: dict, messa
     plan = dataclasses.replace(small_plan(interpreted), dx_swap_ab=swap_ab, **changes)
     with pytest.raises(ValueError, match=message):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
+@pytest.mark.parametrize(
+    ("dims", "changes", "message"),
+    [
+        (Dims(16, 16, 32, 128), {"dx_warp_specialized": True}, "replaces the dx and grad_w1/grad_w3 kernels"),
+        (Dims(200, 129, 32, 128), {}, "T = 129 must be at most that"),
+        (Dims(16, 16, 32, 128), {"dh": (16, 32, 16, 1, 1)}, "dh's tiles of 16 rows must cover them"),
+        (Dims(16, 16, 32, 96), {}, "ffn_dim 96: it must be a multiple"),
+        (Dims(16, 16, 32, 128), {}, "Triton's CPU interpreter cannot run it"),
+    ],
+)
+def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, dims: Dims, changes: dict, message: str) -> None:
+    """The Gluon kernel of dx with grad_w1/grad_w3 replaces the other dx and weight-gradient kernels, reads all the
+    tokens in one block of 128 rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU
+    interpreter: plans that ask otherwise fail clearly, before any launch."""
+    dh = interpreted.Tile(*changes.pop("dh", (128, 32, 16, 1, 1)))
+    plan = dataclasses.replace(small_plan(interpreted), dh=dh, dx_grad_w13=interpreted.WarpSpecializedDxGradW13(2), **changes)
+    with pytest.raises(ValueError, match=message):
+        run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
 
 
 @pytest.mark.parametrize("epilogue_split", [1, 4])
@@ -379,7 +401,7 @@ def test_each_bucket_compiles_once() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims", [Dims(512, 64), Dims(1571, 196), Dims(2371, 296), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
+@pytest.mark.parametrize("dims", [Dims(512, 64), Dims(997, 128), Dims(1571, 196), Dims(2371, 296), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
 def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
     """The kernels reduce in a fixed order, so every call must give the same bits and write every element.
     A race between a TMA load and its consumer (seen with some dx tiles, docs/performance.md) would not."""
@@ -534,6 +556,41 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     for _ in range(10):
         module.dx(p, plan.dx, warp_specialized=True)
         assert torch.equal(p.partials, first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [Dims(997, 128), Dims(65, 65), Dims(700, 100, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}")
+def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) -> None:
+    """The Gluon kernel of dx with grad_w1/grad_w3 gives the Triton weight gradient's bits (the same fp16 products,
+    accumulated in the same order) and Triton's dx over the bf16 copy up to that copy's rounding, as the same bits on
+    every call. T = 65 pads 63 rows, T = 100 36; F = 320 splits into one slice of 5 K steps per weight."""
+    module = solution_module()
+    plan = module.plan_for(dims.num_tokens)
+    assert plan.dx_grad_w13 is not None
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = cuda_outputs(dims)
+    p = module.Problem(inputs, outputs, torch.float16, module.dx_split_for(plan, dims.ffn_dim), 64)
+    module.gather(p, write_g=False)
+    module.routing_x16(p)
+    module.dh_swiglu(p, plan.dh, gathered=False)
+    module.dx(p, plan.dx)
+    expected_dx = p.partials.float().sum(0)
+    names = ("grad_w1_weight", "grad_w3_weight")
+    module.grad_w13(p, plan.grad_w13)
+    expected = [outputs[name].clone() for name in names]
+    first = None
+    for call in range(3):
+        p.partials.fill_(float("nan"))
+        for name in names:
+            outputs[name].fill_(float("nan"))
+        module.dx_grad_w13(p, plan.dx_grad_w13)
+        for name, want in zip(names, expected):
+            assert torch.equal(outputs[name], want), f"{name}, call {call}"
+        if first is None:
+            first = p.partials.clone()
+            assert not first.isnan().any()
+            torch.testing.assert_close(first.float().sum(0), expected_dx, rtol=0, atol=1e-2 * float(expected_dx.abs().max()))
+        assert torch.equal(p.partials, first), f"dx's partials, call {call}"
 
 
 @pytest.mark.gpu

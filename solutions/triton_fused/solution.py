@@ -24,6 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTen
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .dh_warp_specialized import dh_swiglu_ws_kernel
+from .dx_grad_weight_warp_specialized import dx_grad_weight_ws_kernel
 from .dx_swap_ab import dx_swap_ab_kernel
 from .dx_warp_specialized import dx_ws_kernel
 from .kernels import (
@@ -58,6 +59,11 @@ WS_SHORT_STEP = 32
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
 WS_RESIDENT_STEPS = 4  # K steps of B's resident slab (WarpSpecializedWeightGrad.b_resident): 128 KB at 256 columns
 SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
+# dx with grad_w1/grad_w3 in one pass (dx_grad_weight_warp_specialized.py): all the tokens (T <= 128) by 128 hidden
+# columns per program, K steps of 64 of the 2F columns; each product warpgroup stores 64 of a gradient block's columns.
+FUSED_BLOCK_M = 128
+FUSED_BLOCK_N = 128
+FUSED_BLOCK_K = 64
 # Registers per thread of the warp-specialised weight gradient's second product warpgroup (Triton's compiler then
 # gives the first 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 PRODUCT_REGS = 232
@@ -121,6 +127,14 @@ class SwapAbDx:
         return sum(self.chunks)
 
 
+@dataclass(frozen=True)
+class WarpSpecializedDxGradW13:
+    """The Gluon kernel of dx and grad_w1/grad_w3 in one pass over the weights (dx_grad_weight_warp_specialized.py):
+    programs of all T <= FUSED_BLOCK_M tokens by FUSED_BLOCK_N hidden columns, K steps of FUSED_BLOCK_K."""
+
+    stages: int  # operand stages in shared memory
+
+
 X16At = Literal["start", "after_gather", "after_dh"]
 ZerosAt = Literal["start", "after_grad_w2", "after_dh", "last"]
 
@@ -171,6 +185,11 @@ class Plan:
     # grad_w2 by the same Gluon kernel (`grad_w2` is then unused): its last step, short or whole, reads the rows of
     # gated_output that end at row T, against ge's last block as the gather shifts it for that step's rows.
     grad_w2_warp_specialized: WarpSpecializedWeightGrad | None = None
+    # dx and grad_w1/grad_w3 by one Gluon kernel that reads each block of w1 and w3 and writes the same block of its
+    # gradient (GPU only; T <= FUSED_BLOCK_M, on the caller's stream after dh; dx_split is then the split of each
+    # weight's F): `dx`, `grad_w13`, `dx_on_side`, `grad_w13_on_side` and `scatter_on_side` are unused, dh writes no
+    # bf16 copy of dd, and scatter runs last on the caller's stream.
+    dx_grad_w13: WarpSpecializedDxGradW13 | None = None
     # Where routing_x16 (x16 and the routing sums, which grad_w1/grad_w3 and scatter read) runs on the side stream.
     # "start": first, beside dh. "after_gather": once the gather is done, ahead of grad_w2; with the Gluon dh launched
     # as a programmatic dependent of the gather, dh's programs hold their SMs by then, and x16 runs on those that dh's
@@ -230,7 +249,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # then runs beside grad_w1/grad_w3, which end the call (219 -> 217 us).
     (64, Plan(Tile(64, 64, 64, 4, 4), _WGRAD_SMALL, Tile(128, 128, 64, 4, 2, 1, 2, True), Tile(64, 128, 64, 4, 4), 4,
               dx_on_side=(True, False), scatter_on_side=True, dh_gathers_rows=True)),
-    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 4, dh_gathers_rows=True)),
+    # dx and grad_w1/grad_w3 by one Gluon kernel, each step reading a block of w1 or w3 and writing the same block of its
+    # gradient, right after dh on the caller's stream (same-process A/B against the two stages apart with dx split 4
+    # ways, whose tiles stay here for that comparison, means of three: T = 128 -20.3 and -21.1 us; alone 132.8 us
+    # against 84.6 + 107.0: docs/performance.md, v27). Its programs hold every token, so dx is split 2 ways per weight:
+    # 128 programs.
+    (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 2, dh_gathers_rows=True,
+               dx_grad_w13=WarpSpecializedDxGradW13(4))),
     # dx as the Gluon kernel over the fp16 dd, in 128x256 tiles, and no bf16 copy of dd from dh (same-process A/B
     # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
     # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
@@ -313,7 +338,8 @@ def grad_w2_last_step(plan: Plan, tokens: int) -> int:
 
 def dx_split_for(plan: Plan, ffn_dim: int) -> int:
     """The largest split-K factor up to plan.dx_split whose slices are whole BLOCK_K steps."""
-    return max(s for s in range(1, plan.dx_split + 1) if ffn_dim % (s * plan.dx.block_k) == 0)
+    block_k = FUSED_BLOCK_K if plan.dx_grad_w13 else plan.dx.block_k
+    return max(s for s in range(1, plan.dx_split + 1) if ffn_dim % (s * block_k) == 0)
 
 
 @functools.cache
@@ -488,6 +514,20 @@ def grad_w13(p: Problem, t: Tile, warp_specialized: WarpSpecializedWeightGrad | 
         launch(d_up, p.x_precise, w3)
 
 
+def _check_dx_grad_w13(plan: Plan, tokens: int, ffn: int) -> None:
+    """The fused dx and grad_w1/grad_w3 kernel reads all the tokens in one block of FUSED_BLOCK_M rows of dd: T must fit
+    it, and dh must have written every row of it (rows past T as zeros: the weight gradients multiply them by x16's zero
+    rows, and an unwritten row could hold a NaN)."""
+    if plan.dx_warp_specialized or plan.dx_swap_ab or plan.grad_w13_warp_specialized:
+        raise ValueError("dx with grad_w1/grad_w3 (dx_grad_w13) replaces the dx and grad_w1/grad_w3 kernels the plan also names")
+    if ffn % FUSED_BLOCK_K:
+        raise ValueError(f"dx with grad_w1/grad_w3 takes K steps of {FUSED_BLOCK_K} of ffn_dim {ffn}: it must be a multiple")
+    dh_rows = WS_BLOCK_M if plan.dh_warp_specialized else plan.dh.block_m
+    if tokens > FUSED_BLOCK_M or triton.cdiv(tokens, dh_rows) * dh_rows < FUSED_BLOCK_M:
+        raise ValueError(f"dx with grad_w1/grad_w3 reads {FUSED_BLOCK_M} rows of dd: T = {tokens} must be at most that, "
+                         f"and dh's tiles of {dh_rows} rows must cover them")
+
+
 def _check_resident_steps(w: WarpSpecializedWeightGrad, k_steps: int) -> None:
     if w.b_resident and k_steps > WS_RESIDENT_STEPS:
         raise ValueError(f"the weight gradient's resident B holds {WS_RESIDENT_STEPS} K steps of {WS_BLOCK_K} tokens, not {k_steps}")
@@ -566,6 +606,21 @@ def _dx_swap_ab(p: Problem, t: Tile, s: SwapAbDx, halves: Sequence[int]) -> None
         )  # fmt: skip
 
 
+def dx_grad_w13(p: Problem, w: WarpSpecializedDxGradW13) -> None:
+    """dx's 2 * p.dx_split partials and grad_w1, grad_w3 by the Gluon kernel, one launch (T and dh's rows checked by
+    _check_dx_grad_w13)."""
+    _require_gpu(p.dd, "dx with grad_w1/grad_w3")
+    i, o = p.inputs, p.outputs
+    weights = [_gluon_descriptor(i[name], [FUSED_BLOCK_K, FUSED_BLOCK_N]) for name in ("w1_weight", "w3_weight")]
+    grads = [_gluon_descriptor(o[name], [FUSED_BLOCK_K, FUSED_BLOCK_N // 2]) for name in ("grad_w1_weight", "grad_w3_weight")]
+    splits = 2 * p.dx_split
+    dx_grad_weight_ws_kernel[(triton.cdiv(p.hidden, FUSED_BLOCK_N), splits)](
+        _gluon_descriptor(p.dd, [FUSED_BLOCK_M, FUSED_BLOCK_K]), _gluon_descriptor(p.x_precise, [FUSED_BLOCK_M, FUSED_BLOCK_N]),
+        *weights, *grads, p.partials, p.tokens, p.hidden, p.ffn, 2 * p.ffn // splits,
+        STAGES=w.stages, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
+    )  # fmt: skip
+
+
 def scatter(p: Problem) -> None:
     o = p.outputs
     scatter_kernel[(p.tokens, p.routing_chunks)](
@@ -607,10 +662,12 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         chunks = plan.dx_swap_ab.chunks
         if not 1 <= len(chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in chunks):
             raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {chunks}")
+    if plan.dx_grad_w13 is not None:
+        _check_dx_grad_w13(plan, inputs["token_indices"].numel(), ffn)
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, inputs["token_indices"].numel()),
-                not plan.dx_warp_specialized)  # fmt: skip
+                not plan.dx_warp_specialized and plan.dx_grad_w13 is None)  # fmt: skip
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
     # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
@@ -650,9 +707,29 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
             if plan.x16_at == "after_dh":
                 routing_x16(p)
                 side_operands_ready = _recorded_event(side)
+    scatter_on_side = side is not None and plan.scatter_on_side and plan.dx_grad_w13 is None
+    if plan.dx_grad_w13 is not None:
+        if side_operands_ready is not None:
+            caller.wait_event(side_operands_ready)
+        dx_grad_w13(p, plan.dx_grad_w13)
+    else:
+        _dx_and_grad_w13(p, plan, side, caller, dh_done, side_operands_ready, scatter_on_side)
+    if plan.zeros_at == "last":
+        with _after(side, dh_done):  # the side stream is past dh_done already
+            zero_unselected(p)
+    if side is not None:
+        caller.wait_stream(side)
+    if not scatter_on_side:
+        scatter(p)
+
+
+def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, caller: torch.cuda.Stream | None,
+                     dh_done: torch.cuda.Event | None, side_operands_ready: torch.cuda.Event | None,
+                     scatter_on_side: bool) -> None:  # fmt: skip
+    """dx's halves and grad_w1/grad_w3 (and scatter, where the plan puts it on the side stream) as separate stages, on
+    the streams the plan names, once dh is done (dh_done) and x16 is written (side_operands_ready)."""
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized, plan.dx_swap_ab)
-    scatter_on_side = side is not None and plan.scatter_on_side
     caller_dx_done = _recorded_event(caller) if scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
@@ -667,13 +744,6 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if side_operands_ready is not None:
             caller.wait_event(side_operands_ready)
         grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
-    if plan.zeros_at == "last":
-        with _after(side, dh_done):  # the side stream is past dh_done already
-            zero_unselected(p)
-    if side is not None:
-        caller.wait_stream(side)
-    if not scatter_on_side:
-        scatter(p)
 
 
 def _recorded_event(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
@@ -721,10 +791,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the eleven kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the twelve kernels hold (Triton's per-device caches): a test uses it to prove
     that a bucket compiles once and that later calls in the bucket compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, scatter_kernel,
+        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, dx_grad_weight_ws_kernel, scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())

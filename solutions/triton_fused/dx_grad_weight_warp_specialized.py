@@ -1,0 +1,142 @@
+"""dx's split-K partials and [grad_w1; grad_w3] in one pass over the weights, as a warp-specialised Gluon kernel
+(Hopper), for T <= 128 tokens.
+
+At small T the backward is bound by memory: reading w1 and w3 (dx) and writing their gradients are 470 of its
+721-738 MB. Here every K step of a program reads one (BLOCK_K, BLOCK_N) block of a weight and writes the same block of
+its gradient, so the kernel moves its bytes as a copy does:
+
+- one loader warp loads this program's block of x16 (all BLOCK_M tokens by its BLOCK_N hidden columns, fp16) once,
+  then streams the K steps by TMA into a ring of STAGES stages: dd[:, k] (fp16, one (ROWS, 2F) descriptor, so K runs
+  over the 2F columns of [d_a | d_up]) and the matching block of w1 (k < F) or w3 (k - F);
+- two product warpgroups, each a partition of its own, read every stage. Warpgroup i accumulates dx's tokens
+  [64 i, 64 i + 64) over the program's K range: dd's rows loaded into registers and rounded to bf16 (wgmma with A in
+  registers, as dx_warp_specialized.py), against the weight block. And it computes the gradient block's columns
+  [64 i, 64 i + 64): dd block^T (fp16, read transposed from shared memory) @ x16's columns, K = the BLOCK_M tokens
+  in one product, rounded to bf16 and stored by TMA through the warpgroup's own staging buffer into grad_w1 or
+  grad_w3. Nothing joins the two warpgroups, so while one rounds and stores, the other's wgmma have the tensor cores.
+
+Each step waits for both of its wgmma before the warpgroup reloads its A registers, so no wgmma in flight reads
+registers that a later load rewrites (the hazard dx_warp_specialized.py describes).
+
+Split-K as dx's other kernels: axis 1 of the grid takes K_PER_SPLIT of the 2F columns (whole K steps) into partial
+axis 1, stored rounded to the partials' dtype, and scatter_kernel adds the partials in a fixed order. The rows of dd
+and x16 past T are zeros (dh writes zero rows for its padding rows, routing_x16 zero rows past T; the launcher checks
+that dh's tiles cover BLOCK_M rows), so the gradient's sums are those of the weight-gradient kernels over the same
+padded tokens; rows of the partials past T are not stored.
+
+Precision: the weight gradients' operands are the fp16 dd and x16 (SPEC section 4), dx's the bf16 rounding of dd's
+fp16 values and the bf16 weights, as dx_warp_specialized.py's; every product accumulates in fp32.
+
+Shared memory: STAGES x (16 + 16) KB of operands, 32 KB of x16, 2 x 8 KB of staging: 5 stages take 208 KB.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .gluon_common import operand_ring, release_stage, wait_stage_free, wait_stage_ready, wgmma_layout
+
+
+@gluon.jit
+def _load_operands(dd_desc, x_desc, w1_desc, w3_desc, a_bufs, b_bufs, x_buf, x_ready, ready, empty, F, K_PER_SPLIT):
+    """Loader partition: x16's block once (`x_ready`), then the (dd, weight) blocks of this program's K steps into
+    stage step % STAGES once both product warpgroups have released it (`empty`); `ready` counts their bytes in."""
+    BLOCK_K: gl.constexpr = dd_desc.block_type.shape[1]
+    off_n = gl.program_id(0) * x_desc.block_type.shape[1]
+    mbarrier.expect(x_ready, x_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(x_desc, [0, off_n], x_ready, x_buf)
+    k_first = gl.program_id(1) * K_PER_SPLIT
+    for step in range(K_PER_SPLIT // BLOCK_K):
+        s = wait_stage_free(empty, step)
+        k = k_first + step * BLOCK_K
+        bar = ready.index(s)
+        mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(dd_desc, [0, k], bar, a_bufs.index(s))
+        if k < F:
+            tma.async_copy_global_to_shared(w1_desc, [k, off_n], bar, b_bufs.index(s))
+        else:
+            tma.async_copy_global_to_shared(w3_desc, [k - F, off_n], bar, b_bufs.index(s))
+
+
+@gluon.jit
+def _products(a_bufs, b_bufs, x_buf, x_ready, ready, empty, staging, g1_desc, g3_desc, partials, T, H, F, K_PER_SPLIT,
+              WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """Product warpgroup WARPGROUP (0 or 1): dx's tokens [64 WARPGROUP, +64) over the K steps, stored into the
+    program's partial at the end, and at every step the gradient block's columns [64 WARPGROUP, +64), stored by TMA."""
+    ROWS: gl.constexpr = 64  # a warpgroup's wgmma rows
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    WIDTH: gl.constexpr = staging.shape[1]  # the gradient columns of this warpgroup
+    dx_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
+    grad_layout: gl.constexpr = wgmma_layout(WIDTH, num_warps)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dx_layout, k_width=2)
+    off_n = gl.program_id(0) * BLOCK_N
+    k_first = gl.program_id(1) * K_PER_SPLIT
+    x_cols = x_buf.slice(WARPGROUP * WIDTH, WIDTH, dim=1)
+    mbarrier.wait(x_ready, 0)
+    acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=dx_layout)
+    for step in range(K_PER_SPLIT // BLOCK_K):
+        s = wait_stage_ready(ready, step)
+        dd = a_bufs.index(s)
+        a = dd.slice(WARPGROUP * ROWS, ROWS, dim=0).load(a_layout).to(gl.bfloat16)
+        acc = warpgroup_mma(a, b_bufs.index(s), acc, is_async=True)
+        grad = gl.zeros((BLOCK_K, WIDTH), dtype=gl.float32, layout=grad_layout)
+        grad = warpgroup_mma(dd.permute((1, 0)), x_cols, grad, use_acc=False, is_async=True)
+        acc, grad, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, grad, a))
+        release_stage(empty, step)
+        k = k_first + step * BLOCK_K
+        tma.store_wait(0)
+        gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+        staging.store(grad.to(staging.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        if k < F:
+            tma.async_copy_shared_to_global(g1_desc, [k, off_n + WARPGROUP * WIDTH], staging)
+        else:
+            tma.async_copy_shared_to_global(g3_desc, [k - F, off_n + WARPGROUP * WIDTH], staging)
+    rows = WARPGROUP * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, dx_layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, dx_layout))
+    out = partials + (gl.program_id(1) * T + rows)[:, None] * H + cols[None, :]
+    gl.store(out, acc.to(partials.dtype.element_ty), mask=(rows < T)[:, None] & (cols < H)[None, :])
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["T"])
+def dx_grad_weight_ws_kernel(
+    dd_desc, x_desc, w1_desc, w3_desc, g1_desc, g3_desc, partials,
+    T, H, F, K_PER_SPLIT,
+    STAGES: gl.constexpr,  # shared-memory stages of (dd, weight) blocks: [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]
+    PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
+    num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
+):  # fmt: skip
+    """partials[s] = bf16(dd[:, Ks]) @ [w1; w3][Ks] for the s-th slice Ks of K_PER_SPLIT of the 2F columns (axis 1 of
+    the grid), and [grad_w1; grad_w3][Ks] = dd[:, Ks]^T @ x16, over this program's BLOCK_N hidden columns (axis 0).
+    dd_desc is the fp16 (ROWS, 2F) dd in [BLOCK_M, BLOCK_K] blocks (BLOCK_M = 128 >= T), x_desc the fp16 x16 in
+    [BLOCK_M, BLOCK_N] blocks, w1_desc and w3_desc the bf16 (F, H) weights in [BLOCK_K, BLOCK_N] blocks, g1_desc and
+    g3_desc grad_w1 and grad_w3 in [BLOCK_K, BLOCK_N / 2] blocks (a product warpgroup's columns)."""
+    a_bufs, b_bufs, ready, empty = operand_ring(dd_desc, w1_desc, STAGES, RELEASES=2)
+    x_buf = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape, x_desc.layout)
+    x_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(x_ready, count=1)
+    staging = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
+    staging_second = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
+    gl.warp_specialize(
+        [
+            (_products, (a_bufs, b_bufs, x_buf, x_ready, ready, empty, staging, g1_desc, g3_desc, partials, T, H, F,
+                         K_PER_SPLIT, 0, num_warps)),
+            (_products, (a_bufs, b_bufs, x_buf, x_ready, ready, empty, staging_second, g1_desc, g3_desc, partials, T,
+                         H, F, K_PER_SPLIT, 1, 4)),
+            (_load_operands, (dd_desc, x_desc, w1_desc, w3_desc, a_bufs, b_bufs, x_buf, x_ready, ready, empty, F,
+                              K_PER_SPLIT)),
+        ],
+        [4, 1],  # the second product warpgroup, the loader warp
+        [PRODUCT_REGS, 24],  # the loader needs few registers
+    )  # fmt: skip
