@@ -1,5 +1,5 @@
 """Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_swap_ab.py, dx_warp_specialized.py,
-weight_grad_warp_specialized.py): the operand ring between the loader warp and the product warps, and how each side
+dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the product warps, and how each side
 waits on it and hands a stage back, the persistent programs' tile count, the wgmma accumulator layout."""
 
 from __future__ import annotations

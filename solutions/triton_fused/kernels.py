@@ -9,7 +9,9 @@ streams. On the caller's stream:
                             in fp16 (for the weight gradients, and for dx where it is the Gluon kernel) and, where
                             dx is dx_kernel, once more in bf16; from T = 257 the warp-specialised Gluon kernel of
                             dh_warp_specialized.py takes its place
-- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows; from T = 129
+- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows (at 64 < T <= 128
+                            the Gluon kernel of dx_grad_weight_warp_specialized.py computes them with dx, in one
+                            pass over w1 and w3, right after dh); from T = 129
                             the warp-specialised Gluon kernel of weight_grad_warp_specialized.py takes its place
                             (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
@@ -23,6 +25,7 @@ and beside them, on a second stream (the launcher orders the two with events):
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 1024)
 - `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); at
+                            64 < T <= 128 the fused Gluon kernel above, on the caller's stream, and at
                             128 < T <= 384 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
                             (tokens on wgmma's N side) up to T = 224 and from T = 257, dx_warp_specialized.py's
                             (over the fp16 dd) at 224 < T <= 256

@@ -1,8 +1,9 @@
 """Launcher of the fused Triton backward: buffers, tensor descriptors, the per-T-bucket tile plan, and the
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
 from T = 257, dx in dx_swap_ab.py at 128 < T <= 224 and 256 < T <= 384 and in dx_warp_specialized.py at
-224 < T <= 256, and the weight gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 1024,
-grad_w1/grad_w3 at every T from there).
+224 < T <= 256, dx with grad_w1/grad_w3 in dx_grad_weight_warp_specialized.py at 64 < T <= 128, and the weight
+gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 1024, grad_w1/grad_w3 at every T from
+there).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
