@@ -33,7 +33,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, release_stage, wait_stage_free, wait_stage_ready, wgmma_layout
+from .gluon_common import (
+    load_weight_block,
+    operand_ring,
+    release_stage,
+    wait_stage_free,
+    wait_stage_ready,
+    wgmma_layout,
+)
 
 
 @gluon.constexpr_function
@@ -60,10 +67,7 @@ def _load_operands(w1_desc, w3_desc, dd0_desc, dd1_desc, dd2_desc, w_bufs, dd0_b
         k = k_first + step * BLOCK_K
         bar = ready.index(s)
         mbarrier.expect(bar, STAGE_BYTES)
-        if k < F:
-            tma.async_copy_global_to_shared(w1_desc, [k, off_h], bar, w_bufs.index(s))
-        else:
-            tma.async_copy_global_to_shared(w3_desc, [k - F, off_h], bar, w_bufs.index(s))
+        load_weight_block(w1_desc, w3_desc, k, off_h, F, bar, w_bufs.index(s))
         tma.async_copy_global_to_shared(dd0_desc, [first_token, k], bar, dd0_bufs.index(s))
         if CHUNKS > 1:
             tma.async_copy_global_to_shared(dd1_desc, [first_token + N0, k], bar, dd1_bufs.index(s))

@@ -36,7 +36,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_common import operand_ring, release_stage, wait_stage_free, wait_stage_ready, wgmma_layout
+from .gluon_common import (
+    load_weight_block,
+    operand_ring,
+    release_stage,
+    wait_stage_free,
+    wait_stage_ready,
+    wgmma_layout,
+)
 
 
 @gluon.jit
@@ -56,10 +63,7 @@ def _load_operands(dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F
         bar = ready.index(s)
         mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(dd_desc, [off_m, k], bar, a_bufs.index(s))
-        if k < F:
-            tma.async_copy_global_to_shared(w1_desc, [k, off_n], bar, b_bufs.index(s))
-        else:
-            tma.async_copy_global_to_shared(w3_desc, [k - F, off_n], bar, b_bufs.index(s))
+        load_weight_block(w1_desc, w3_desc, k, off_n, F, bar, b_bufs.index(s))
 
 
 @gluon.jit

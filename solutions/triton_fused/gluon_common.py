@@ -1,12 +1,13 @@
 """Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_swap_ab.py, dx_warp_specialized.py,
 dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the product warps, and how each side
-waits on it and hands a stage back, the persistent programs' tile count, the wgmma accumulator layout."""
+waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F, the persistent programs' tile
+count, the wgmma accumulator layout."""
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 
 @gluon.jit
@@ -49,6 +50,16 @@ def release_stage(empty, step):
     """The products' side of the ring: step's wgmma are done with its stage, which the loader may refill."""
     STAGES: gl.constexpr = empty.shape[0]
     mbarrier.arrive(empty.index(step % STAGES), count=1)
+
+
+@gluon.jit
+def load_weight_block(w1_desc, w3_desc, k, off_n, F, bar, buf):
+    """The dx kernels' K axis runs over the 2F rows of [w1; w3] without concatenating the weights: the block at row k
+    and column off_n is w1's rows k for k < F, else w3's rows k - F. Loads it into buf by TMA, counted in by bar."""
+    if k < F:
+        tma.async_copy_global_to_shared(w1_desc, [k, off_n], bar, buf)
+    else:
+        tma.async_copy_global_to_shared(w3_desc, [k - F, off_n], bar, buf)
 
 
 @gluon.jit
