@@ -221,6 +221,44 @@ def test_split_k_partials_sum_in_fixed_order(interpreted, dx_split: int) -> None
     torch.testing.assert_close(outputs[0], expected[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dims", [Dims(37, 19, 32, 192), Dims(16, 16, 32, 96)], ids=lambda d: f"T{d.num_tokens}")
+def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
+    """dx in one launch over both halves into the selected rows (Plan.dx_writes_rows: unsplit, or the last of a tile's
+    split programs adds the partials; no scatter, the routing weights finished behind routing_x16): every output
+    matches the reference, the unselected rows are zeros, on one stream or with dx on the side stream."""
+    for dx_split, dx_on_side in ((1, (False, False)), (1, (True, True)), (2, (True, True)), (3, (False, False))):
+        plan = dataclasses.replace(small_plan(interpreted, dx_split=dx_split), dx_writes_rows=True, dx_on_side=dx_on_side)
+        outputs, expected = run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
+        assert_match_in_float32(outputs, expected)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"dx_on_side": (True, False)}, "one stream"),
+        ({"scatter_on_side": True}, "no scatter"),
+        ({"dx_swap_ab": ((64,), 2)}, "Triton's dx kernel"),
+    ],
+    ids=["halves-on-two-streams", "scatter-on-side", "gluon-dx"],
+)  # fmt: skip
+def test_dx_into_rows_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
+    if "dx_swap_ab" in changes:
+        changes = {"dx_swap_ab": interpreted.SwapAbDx(*changes["dx_swap_ab"])}
+    plan = dataclasses.replace(small_plan(interpreted, dx_split=1), dx_writes_rows=True, **changes)
+    with pytest.raises(ValueError, match=message):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
+def test_scatter_right_behind_dx(interpreted) -> None:
+    """Plan.scatter_after_dx: scatter behind both halves of dx on the caller's stream gives the reference's outputs,
+    and a plan that puts a half of dx on the side stream is refused."""
+    dims = Dims(37, 19, 32, 128)
+    plan = dataclasses.replace(small_plan(interpreted), dx_on_side=(False, False), grad_w13_on_side=True, scatter_after_dx=True)
+    assert_match_in_float32(*run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan))
+    with pytest.raises(ValueError, match="scatter_after_dx"):
+        run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=dataclasses.replace(plan, dx_on_side=(True, False)))
+
+
 def test_half_precision_path(interpreted) -> None:
     """fp16 operands and fp16 intermediates, as the GPU stores d_a and d_up: close to the fp32 reference."""
     outputs, expected = run_interpreted(interpreted, Dims(37, 19, 32, 128), torch.float16, torch.float16)
@@ -401,10 +439,14 @@ def test_each_bucket_compiles_once() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims", [Dims(512, 64), Dims(997, 128), Dims(1571, 196), Dims(2371, 296), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
+@pytest.mark.parametrize(
+    "dims", [Dims(512, 64), Dims(997, 128), Dims(1571, 196), Dims(2371, 296), Dims(3967, 496), Dims(4096, 2048)],
+    ids=lambda d: f"T{d.num_tokens}",
+)  # fmt: skip
 def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
     """The kernels reduce in a fixed order, so every call must give the same bits and write every element.
-    A race between a TMA load and its consumer (seen with some dx tiles, docs/performance.md) would not."""
+    A race between a TMA load and its consumer (seen with some dx tiles, docs/performance.md) would not, nor would
+    dx's arrival counters (T = 496: the last of a tile's split programs adds the partials) left unreset by a call."""
     run = get_solution("triton_fused").load_entry_point()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
@@ -444,7 +486,7 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(1721, 215), Dims(2689, 336)], ids=lambda d: f"T{d.num_tokens}")
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
-    """The streams only reorder work: placements of grad_w2, dx's halves, scatter and grad_w1/grad_w3 on the two
+    """The streams only reorder work: placements of grad_w2, dx's halves, scatter (also right behind dx) and grad_w1/grad_w3 on the two
     streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's kernel), zero_unselected and
     routing_x16 where Plan.x16_at and Plan.zeros_at put them, or all of it on the caller's stream, and the
     Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits (a missing wait
@@ -455,8 +497,9 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
     plan = module.plan_for(dims.num_tokens)
-    layouts = [
-        dataclasses.replace(plan, dx_on_side=dx_on_side, grad_w13_on_side=grad_w13_on_side, scatter_on_side=scatter_on_side)
+    layouts = [plan] + [
+        dataclasses.replace(plan, dx_on_side=dx_on_side, grad_w13_on_side=grad_w13_on_side, scatter_on_side=scatter_on_side,
+                            scatter_after_dx=False)
         for dx_on_side, grad_w13_on_side in (((False, False), True), ((True, True), False), ((True, False), False), ((False, True), True))
         for scatter_on_side in (False, True)
     ]

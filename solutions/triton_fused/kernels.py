@@ -320,11 +320,12 @@ def weight_grad_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def dx_kernel(
-    a, b, partials,
+    a, b, a_up, b_up, partials, arrivals, token_indices, grad_hidden_states,
     T, N, K_PER_SPLIT, FIRST_PARTIAL,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # hidden columns per tile
     BLOCK_K: tl.constexpr,  # ffn rows per step; K_PER_SPLIT % BLOCK_K == 0
+    TO_ROWS: tl.constexpr,  # both halves in one launch, into the selected rows of grad_hidden_states (below)
 ):  # fmt: skip
     """partials[FIRST_PARTIAL + s] = a[:, Ks] @ b[Ks] for the s-th slice Ks (axis 1 of the grid) of the K range.
 
@@ -338,6 +339,14 @@ def dx_kernel(
     half the bytes of fp32 to write here and read back there, for one more rounding of 2^-9 relative to the
     partial, as large as the rounding of dx itself and far inside the tolerance. Plain masked stores: a tile
     staged for a TMA store would take the pipeline's shared memory.
+
+    With TO_ROWS a single launch takes both halves: slice s of (a, b) then the same slice of (a_up, b_up), in two K
+    loops over one accumulator, and the tile's rows end up in rows token_indices[t] of grad_hidden_states, rounded
+    once to bf16, with no scatter_kernel at the end of the call (it took 5-13 us at T = 496-2048). Unsplit, a
+    program stores them itself. Split, each program stores its partial, then counts itself in on the tile's
+    arrivals counter (an int32 atomic, acquire-release, after a barrier of the program's threads), and the last to
+    arrive adds the tile's partials in fixed order, as scatter_kernel would (deterministic whatever the order of
+    arrival), stores the rows and sets the counter back to zero.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -351,8 +360,28 @@ def dx_kernel(
 
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
-    out = partials + ((FIRST_PARTIAL + split) * T + rows)[:, None] * N + cols[None, :]
-    tl.store(out, acc.to(partials.dtype.element_ty), mask=(rows < T)[:, None] & (cols < N)[None, :])
+    mask = (rows < T)[:, None] & (cols < N)[None, :]
+    partial = partials + ((FIRST_PARTIAL + split) * T + rows)[:, None] * N + cols[None, :]
+    if TO_ROWS:
+        for k in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
+            acc = tl.dot(a_up.load([off_m, k]), b_up.load([k, off_n]), acc)
+        selected = tl.load(token_indices + rows, mask=rows < T, other=0)
+        out = grad_hidden_states + selected[:, None] * N + cols[None, :]
+        splits = tl.num_programs(1)
+        if splits == 1:
+            tl.store(out, acc.to(grad_hidden_states.dtype.element_ty), mask=mask)
+        else:
+            tl.store(partial, acc.to(partials.dtype.element_ty), mask=mask)
+            tl.debug_barrier()  # every thread's part of the partial is stored before the count is released
+            if tl.atomic_add(arrivals + pid, 1, sem="acq_rel", scope="gpu") == splits - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for s in range(splits):
+                    theirs = partials + (s * T + rows)[:, None] * N + cols[None, :]
+                    total += tl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+                tl.store(out, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
+                tl.store(arrivals + pid, 0)
+    else:
+        tl.store(partial, acc.to(partials.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["T", "B", "SEARCH_STEPS"])
@@ -387,24 +416,26 @@ def zero_unselected_kernel(
 def scatter_kernel(
     token_indices, partials, routing_partials, grad_hidden_states, grad_routing_weights,
     T, H,
-    SPLIT_K: tl.constexpr,  # number of dx partials to sum
+    SPLIT_K: tl.constexpr,  # number of dx partials to sum; 0: dx wrote its rows itself (dx_kernel's TO_ROWS)
     ROUTING_CHUNKS: tl.constexpr,  # number of partial sums per token in routing_partials
     BLOCK_H: tl.constexpr,  # columns per program
 ):  # fmt: skip
     """Program (t, c): columns [c*BLOCK_H, (c+1)*BLOCK_H) of row idx[t] of grad_hidden_states, the SPLIT_K
     partials of dx row t added in fp32 in a fixed order (deterministic, no atomics) and rounded to bf16 once;
     the programs of chunk 0 also write grad_routing_weights[idx[t]] (routing_x16_kernel's partial sums, in
-    order). A 2-D grid, so that even T = 64 streams the partials with enough programs.
+    order). A 2-D grid, so that even T = 64 streams the partials with enough programs. With SPLIT_K = 0 only the
+    routing weights, launched with one chunk per token.
     """
     t = tl.program_id(0)
     chunk = tl.program_id(1)
     row = tl.load(token_indices + t)
-    cols = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = cols < H
-    total = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        total += tl.load(partials + (s * T + t) * H + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(grad_hidden_states + row * H + cols, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
+    if SPLIT_K > 0:
+        cols = chunk * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask = cols < H
+        total = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(partials + (s * T + t) * H + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(grad_hidden_states + row * H + cols, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
     if chunk == 0:
         routing = 0.0
         for c in tl.static_range(ROUTING_CHUNKS):

@@ -159,6 +159,9 @@ class Plan:
     # the side stream too), instead of last on the caller's stream. Where dx ends last, the call ends some us later
     # when its last kernel runs on the side stream (T = 128-336: +3 to +6 us).
     scatter_on_side: bool = False
+    # scatter on the caller's stream right behind dx (both halves there), once x16's routing sums are written, instead
+    # of last: beside grad_w1/grad_w3 on the side stream, where those end the call.
+    scatter_after_dx: bool = False
     # dh loads its rows of grad_output itself, and the gather, which then writes ge only, runs first on the side
     # stream: no kernel stands between the call's start and dh. Its pointer loads are slower than TMA (dh alone +2 us
     # at T = 64, +5 at 256, +9 at 512, +46 at 2048), so this pays only where the gather's 5-7 us weigh more.
@@ -197,6 +200,10 @@ class Plan:
     # fewest_programs grid leaves free (T = 2048: dh starts at 20 us instead of 41). "after_dh": once dh is done, so
     # that nothing delays dh (from T = 257, where only the gather runs ahead of it).
     x16_at: X16At = "start"
+    # dx as one launch of Triton's kernel over both halves of K = 2F that stores each tile into the selected rows of
+    # grad_hidden_states (split, the last of a tile's programs adds their partials): no scatter at the end of the
+    # call, whose routing weights are finished right behind routing_x16 instead. Both halves on one stream.
+    dx_writes_rows: bool = False
     # Where zero_unselected (the rows and routing entries no token selects, which only the end of the call needs) runs
     # on the side stream: "start", "after_grad_w2", "after_dh" (ahead of x16 when that is after dh too), or "last",
     # after everything else there (not with scatter_on_side, which must follow it).
@@ -243,7 +250,7 @@ _PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE
                  dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
                  dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4),
-                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True))  # fmt: skip
+                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True), dx_writes_rows=True)  # fmt: skip
 PLANS: tuple[tuple[int, Plan], ...] = (
     # dx's w3 half behind dh on the caller's stream, ahead of grad_w1/grad_w3, its w1 half beside them on the side
     # stream: reading w3 overlaps grad_w2's stores (T = 64: 223-226 -> 218-220 us; slower at every larger T). scatter
@@ -298,11 +305,17 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # launches over 128-row tiles (T = 296 pays for 320 rows instead of 384, and w1 and w3 are read by one block of
     # tokens instead of three; same-process A/B, means of three: T = 296 -11.1 us, 336 -8.2; in two blocks of 256 at
     # T = 496 and 512 +13.1 and +11.1, so not there: v22).
-    (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3))),
-    (384, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 128), 3))),
+    # scatter right behind dx on the caller's stream, beside grad_w1/grad_w3 on the side stream, rather than after them
+    # (same-process A/B, means of three: T = 296 -4.7 us, 336 -5.8; +1.2 and +2.6 at 512 and 496; docs/performance.md,
+    # v28).
+    (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3), dx_writes_rows=False, scatter_after_dx=True)),
+    (384, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 128), 3), dx_writes_rows=False, scatter_after_dx=True)),
     # Up to T = 1024 rather than 512: just past 512 the last bucket's plan was 74 us slower (T = 513 739 us against 665
     # with this plan, 640 786 against 712, 768 851 against 815, 1024 1043 against 1028; same-process A/B, means of
     # three, the weight gradients' bits equal: v24).
+    # dx as one launch over both halves whose last program per tile adds the split's partials and stores the selected
+    # rows, so that no scatter ends the call (same-process A/B, means of four: T = 496 -6.1 us, 512 -6.0; edges T = 385
+    # -7.5, 1024 -13.7; v28).
     (1024, _PLAN_512),
     # From T = 1025: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
@@ -311,9 +324,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # and takes 311 us instead of 365 in dh's tail; same-process A/B against x16 and the zeros first, means of six:
     # -12.1, -8.9 and -17.2 us in three runs; the fewest programs alone -5.9; v20). grad_w1/grad_w3 by the Gluon
     # kernel (A/B at T = 2048, means of three: -7.0 and -5.2 us; grad_w2 so too, column by column, +2.1: v21).
+    # dx unsplit in one launch over both halves into the selected rows, no partials and no scatter (A/B at T = 2048,
+    # means of six and four: -19.9 and -16.4 us, one run of three +20.7 with one call at 2027; edges T = 1025 -15.7,
+    # 1500 -3.1; v28).
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1, fewest_programs=True), dh_programmatic_launch=True,
-                   x16_at="after_gather", zeros_at="after_grad_w2", grad_w13_warp_specialized=WarpSpecializedWeightGrad(4))),
+                   x16_at="after_gather", zeros_at="after_grad_w2", grad_w13_warp_specialized=WarpSpecializedWeightGrad(4),
+                   dx_writes_rows=True)),
 )
 
 
@@ -376,6 +393,8 @@ class Problem:
     dx_split: int
     k_step: int  # the rows of grad_w2's last K step (grad_w2_last_step): the gather shifts ge's last block of that many
     low_copy: bool = True  # dd_low, the bf16 copy of dd that Triton's dx reads (None without)
+    dx_to_rows: bool = False  # Plan.dx_writes_rows: dx stores the rows, and the routing weights are finished after routing_x16
+    dx_tiles: int = 0  # dx's output tiles: with dx_to_rows and a split, one arrival counter each (dx_kernel)
 
     def __post_init__(self) -> None:
         batch, hidden = self.inputs["grad_output"].shape
@@ -391,7 +410,12 @@ class Problem:
         self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
         self.dd = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
         self.dd_low = torch.empty_like(self.dd, dtype=operand) if self.low_copy else None
-        self.partials = torch.empty(2 * self.dx_split, self.tokens, hidden, device=self.device, dtype=operand)
+        # one partial per half and slice of K; dx into the rows takes both halves per slice, and needs none unsplit
+        partials = self.dx_split if self.dx_to_rows else 2 * self.dx_split
+        self.partials = torch.empty(partials, self.tokens, hidden, device=self.device, dtype=operand) if partials > 1 else None
+        # zeroed here, at the start of the call on the caller's stream, ahead of everything on both streams
+        split_to_rows = self.dx_to_rows and self.dx_split > 1
+        self.arrivals = torch.zeros(self.dx_tiles, device=self.device, dtype=torch.int32) if split_to_rows else None
 
     def halves(self, dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The d_a and d_up column halves of a (rows, 2F) buffer (dd or dd_low)."""
@@ -411,11 +435,15 @@ def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) ->
 
 
 def routing_x16(p: Problem) -> None:
+    """x16 and the routing sums' partials; where dx writes its rows itself and no scatter ends the call, the routing
+    weights are finished right behind, on the same stream."""
     i = p.inputs
     routing_x16_kernel[(p.rows, p.routing_chunks)](
         i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], p.x_precise, p.routing_partials,
         p.tokens, p.hidden, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
+    if p.dx_to_rows:
+        scatter(p, routing_only=True)
 
 
 def zero_unselected(p: Problem) -> None:
@@ -529,6 +557,15 @@ def _check_dx_grad_w13(plan: Plan, tokens: int, ffn: int) -> None:
                          f"and dh's tiles of {dh_rows} rows must cover them")
 
 
+def _check_dx_writes_rows(plan: Plan) -> None:
+    """dx into the rows of grad_hidden_states is Triton's kernel in one launch over both halves, with no split of K."""
+    if plan.dx_warp_specialized or plan.dx_swap_ab or plan.dx_grad_w13:
+        raise ValueError("dx into the rows of grad_hidden_states (dx_writes_rows) is Triton's dx kernel: not with a Gluon dx")
+    if plan.dx_on_side[0] != plan.dx_on_side[1] or plan.scatter_on_side:
+        raise ValueError("dx into the rows of grad_hidden_states (dx_writes_rows) takes both halves of K in one launch on "
+                         "one stream (equal dx_on_side) and leaves no scatter (not scatter_on_side)")
+
+
 def _check_resident_steps(w: WarpSpecializedWeightGrad, k_steps: int) -> None:
     if w.b_resident and k_steps > WS_RESIDENT_STEPS:
         raise ValueError(f"the weight gradient's resident B holds {WS_RESIDENT_STEPS} K steps of {WS_BLOCK_K} tokens, not {k_steps}")
@@ -558,8 +595,9 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
 def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bool = False,
        swap_ab: SwapAbDx | None = None) -> None:
     """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials).
-    Triton's kernel, one launch per half, reads dd_low; the Gluon kernels take both halves in one launch where both
-    are asked for: the warp-specialised one reads dd, the swap-AB one dd_low."""
+    Triton's kernel, one launch per half, reads dd_low (with p.dx_to_rows one launch over both, into the selected
+    rows of grad_hidden_states); the Gluon kernels take both halves in one launch where both are asked for: the
+    warp-specialised one reads dd, the swap-AB one dd_low."""
     if swap_ab is not None:
         _dx_swap_ab(p, t, swap_ab, halves)
         return
@@ -567,14 +605,30 @@ def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bo
     if warp_specialized:
         _dx_warp_specialized(p, t, tiles, halves)
         return
-    grid = (tiles, p.dx_split)
-    for half in halves:
-        dd_half, weight = p.halves(p.dd_low)[half], ("w1_weight", "w3_weight")[half]
-        dx_kernel[grid](
-            _descriptor(dd_half, [t.block_m, t.block_k]), _descriptor(p.inputs[weight], [t.block_k, t.block_n]),
-            p.partials, p.tokens, p.hidden, p.ffn // p.dx_split, half * p.dx_split,
-            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=t.num_stages,
+    rows = p.outputs["grad_hidden_states"]
+    launches = []  # (a, b, a_up, b_up, partials, first partial) per launch of dx_kernel
+    if p.dx_to_rows:  # one launch over both halves, into the selected rows (the partials' argument is unused)
+        if list(halves) not in ([], [0, 1]):
+            raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch")
+        if halves:
+            launches.append((*_dx_operands(p, t, 0), *_dx_operands(p, t, 1), 0))
+    for half in [] if p.dx_to_rows else halves:
+        a, b = _dx_operands(p, t, half)
+        launches.append((a, b, a, b, half * p.dx_split))
+    unused = rows  # a stand-in for the partials and counters that a launch does not use (a pointer all the same)
+    for a, b, a_up, b_up, first_partial in launches:
+        dx_kernel[(tiles, p.dx_split)](
+            a, b, a_up, b_up, unused if p.partials is None else p.partials, unused if p.arrivals is None else p.arrivals,
+            p.inputs["token_indices"], rows, p.tokens, p.hidden, p.ffn // p.dx_split, first_partial,
+            BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, TO_ROWS=p.dx_to_rows,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
+
+
+def _dx_operands(p: Problem, t: Tile, half: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """The descriptors of Triton's dx over one half of K: (d_a, w1) or (d_up, w3), d_a and d_up from the bf16 copy."""
+    return (_descriptor(p.halves(p.dd_low)[half], [t.block_m, t.block_k]),
+            _descriptor(p.inputs[("w1_weight", "w3_weight")[half]], [t.block_k, t.block_n]))  # fmt: skip
 
 
 def _dx_warp_specialized(p: Problem, t: Tile, tiles: int, halves: Sequence[int]) -> None:
@@ -622,11 +676,13 @@ def dx_grad_w13(p: Problem, w: WarpSpecializedDxGradW13) -> None:
     )  # fmt: skip
 
 
-def scatter(p: Problem) -> None:
+def scatter(p: Problem, routing_only: bool = False) -> None:
+    """The selected rows of grad_hidden_states from dx's partials and their routing weights, or only the latter."""
     o = p.outputs
-    scatter_kernel[(p.tokens, p.routing_chunks)](
-        p.inputs["token_indices"], p.partials, p.routing_partials, o["grad_hidden_states"], o["grad_routing_weights"],
-        p.tokens, p.hidden, SPLIT_K=2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks, BLOCK_H=ROW_BLOCK_H,
+    scatter_kernel[(p.tokens, 1 if routing_only else p.routing_chunks)](
+        p.inputs["token_indices"], o["grad_hidden_states"] if routing_only else p.partials, p.routing_partials,
+        o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.hidden, SPLIT_K=0 if routing_only else 2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks,
+        BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
 
 
@@ -667,8 +723,15 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         _check_dx_grad_w13(plan, inputs["token_indices"].numel(), ffn)
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
-    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, inputs["token_indices"].numel()),
-                not plan.dx_warp_specialized and plan.dx_grad_w13 is None)  # fmt: skip
+    if plan.dx_writes_rows:
+        _check_dx_writes_rows(plan)
+    if plan.scatter_after_dx and (any(plan.dx_on_side) or plan.scatter_on_side or plan.dx_writes_rows or plan.dx_grad_w13):
+        raise ValueError("scatter_after_dx runs scatter behind both halves of dx on the caller's stream: not with dx on the "
+                         "side stream, scatter_on_side, dx_writes_rows or dx_grad_w13")
+    tokens = inputs["token_indices"].numel()
+    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, tokens),
+                not plan.dx_warp_specialized and plan.dx_grad_w13 is None, plan.dx_writes_rows,
+                triton.cdiv(tokens, plan.dx.block_m) * triton.cdiv(hidden, plan.dx.block_n))  # fmt: skip
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
     # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
@@ -720,17 +783,21 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
             zero_unselected(p)
     if side is not None:
         caller.wait_stream(side)
-    if not scatter_on_side:
+    if not (scatter_on_side or plan.scatter_after_dx or plan.dx_writes_rows):
         scatter(p)
 
 
 def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, caller: torch.cuda.Stream | None,
                      dh_done: torch.cuda.Event | None, side_operands_ready: torch.cuda.Event | None,
                      scatter_on_side: bool) -> None:  # fmt: skip
-    """dx's halves and grad_w1/grad_w3 (and scatter, where the plan puts it on the side stream) as separate stages, on
+    """dx's halves and grad_w1/grad_w3 (and scatter, where the plan puts it on the side stream or right behind dx) as separate stages, on
     the streams the plan names, once dh is done (dh_done) and x16 is written (side_operands_ready)."""
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized, plan.dx_swap_ab)
+    if plan.scatter_after_dx:
+        if side_operands_ready is not None:
+            caller.wait_event(side_operands_ready)  # the routing sums
+        scatter(p)
     caller_dx_done = _recorded_event(caller) if scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
