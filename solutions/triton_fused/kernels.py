@@ -1,6 +1,6 @@
 """Triton kernels of the fused MoE expert SwiGLU backward.
 
-Seven kernels (T tokens, H hidden, F ffn, B batch rows; shapes of SPEC section 1), nine launches on two
+Seven kernels (T tokens, H hidden, F ffn, B batch rows; shapes of SPEC section 1), up to nine launches on two
 streams. On the caller's stream:
 
 - `gather_kernel`           g = grad_output[idx] and ge = g*w (bf16), the operands of dh and grad_w2 (where the
@@ -15,7 +15,8 @@ streams. On the caller's stream:
                             the warp-specialised Gluon kernel of weight_grad_warp_specialized.py takes its place
                             (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
-                            their entries of grad_routing_weights
+                            their entries of grad_routing_weights; from T = 385, where dx_kernel stores the rows
+                            itself, only the latter, on the second stream right behind routing_x16_kernel
 
 and beside them, on a second stream (the launcher orders the two with events):
 
@@ -24,7 +25,8 @@ and beside them, on a second stream (the launcher orders the two with events):
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 1024)
-- `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); at
+- `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); from
+                            T = 385 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
                             64 < T <= 128 the fused Gluon kernel above, on the caller's stream, and at
                             128 < T <= 384 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
                             (tokens on wgmma's N side) up to T = 224 and from T = 257, dx_warp_specialized.py's

@@ -393,7 +393,7 @@ class Problem:
     dx_split: int
     k_step: int  # the rows of grad_w2's last K step (grad_w2_last_step): the gather shifts ge's last block of that many
     low_copy: bool = True  # dd_low, the bf16 copy of dd that Triton's dx reads (None without)
-    dx_to_rows: bool = False  # Plan.dx_writes_rows: dx stores the rows, and the routing weights are finished after routing_x16
+    dx_to_rows: bool = False  # Plan.dx_writes_rows: dx stores the rows; the routing weights finished after routing_x16
     dx_tiles: int = 0  # dx's output tiles: with dx_to_rows and a split, one arrival counter each (dx_kernel)
 
     def __post_init__(self) -> None:
@@ -558,7 +558,7 @@ def _check_dx_grad_w13(plan: Plan, tokens: int, ffn: int) -> None:
 
 
 def _check_dx_writes_rows(plan: Plan) -> None:
-    """dx into the rows of grad_hidden_states is Triton's kernel in one launch over both halves, with no split of K."""
+    """dx into the rows of grad_hidden_states is Triton's kernel in one launch over both halves (split or not)."""
     if plan.dx_warp_specialized or plan.dx_swap_ab or plan.dx_grad_w13:
         raise ValueError("dx into the rows of grad_hidden_states (dx_writes_rows) is Triton's dx kernel: not with a Gluon dx")
     if plan.dx_on_side[0] != plan.dx_on_side[1] or plan.scatter_on_side:
@@ -606,8 +606,8 @@ def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bo
         _dx_warp_specialized(p, t, tiles, halves)
         return
     rows = p.outputs["grad_hidden_states"]
-    launches = []  # (a, b, a_up, b_up, partials, first partial) per launch of dx_kernel
-    if p.dx_to_rows:  # one launch over both halves, into the selected rows (the partials' argument is unused)
+    launches = []  # (a, b, a_up, b_up, first partial) per launch of dx_kernel
+    if p.dx_to_rows:  # one launch over both halves, into the selected rows
         if list(halves) not in ([], [0, 1]):
             raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch")
         if halves:
@@ -681,8 +681,8 @@ def scatter(p: Problem, routing_only: bool = False) -> None:
     o = p.outputs
     scatter_kernel[(p.tokens, 1 if routing_only else p.routing_chunks)](
         p.inputs["token_indices"], o["grad_hidden_states"] if routing_only else p.partials, p.routing_partials,
-        o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.hidden, SPLIT_K=0 if routing_only else 2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks,
-        BLOCK_H=ROW_BLOCK_H,
+        o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.hidden,
+        SPLIT_K=0 if routing_only else 2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
 
 
@@ -736,8 +736,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
     # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
     # whatever of dx, scatter and grad_w1/grad_w3 the plan puts there once dh (for scatter: all of dx) is done. The
-    # caller's stream waits for x16 (and ge, if it runs grad_w2) before grad_w1/grad_w3 and for all of the side stream
-    # before its scatter, so every buffer outlives its use there and the caller's stream sees all of the work.
+    # caller's stream waits for x16 (and ge, if it runs grad_w2) before grad_w1/grad_w3 (and its scatter) and for all of
+    # the side stream at the end, so every buffer outlives its use there and the caller's stream sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and plan.uses_side_stream else None
     caller = torch.cuda.current_stream() if side is not None else None  # only used with a side stream
     with _beside(side, True):
@@ -790,8 +790,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
 def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, caller: torch.cuda.Stream | None,
                      dh_done: torch.cuda.Event | None, side_operands_ready: torch.cuda.Event | None,
                      scatter_on_side: bool) -> None:  # fmt: skip
-    """dx's halves and grad_w1/grad_w3 (and scatter, where the plan puts it on the side stream or right behind dx) as separate stages, on
-    the streams the plan names, once dh is done (dh_done) and x16 is written (side_operands_ready)."""
+    """dx's halves and grad_w1/grad_w3 (and scatter, where the plan puts it on the side stream or right behind dx) as
+    separate stages, on the streams the plan names, once dh is done (dh_done) and x16 is written (side_operands_ready)."""
     on_side = [half for half in (0, 1) if side is not None and plan.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized, plan.dx_swap_ab)
     if plan.scatter_after_dx:
