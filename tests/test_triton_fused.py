@@ -486,13 +486,13 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(1721, 215), Dims(2689, 336)], ids=lambda d: f"T{d.num_tokens}")
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
-    """The streams only reorder work: placements of grad_w2, dx's halves, scatter (also right behind dx) and grad_w1/grad_w3 on the two
-    streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's kernel), zero_unselected and
-    routing_x16 where Plan.x16_at and Plan.zeros_at put them, or all of it on the caller's stream, and the
-    Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits (a missing wait
-    between the streams, or in dh for the gather, would read a buffer before it is written), as must the Gluon dh on
-    fewer programs than SMs (WarpSpecializedDh.fewest_programs). T = 215: Triton's dh
-    gathering its own rows, the Gluon dx and grad_w1/grad_w3; T = 336: the Gluon dh, Triton's dx."""
+    """The streams only reorder work: placements of grad_w2, dx's halves, scatter (also right behind dx) and
+    grad_w1/grad_w3 on the two streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's
+    kernel), zero_unselected and routing_x16 where Plan.x16_at and Plan.zeros_at put them, or all of it on the caller's
+    stream, and the Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits
+    (a missing wait between the streams, or in dh for the gather, would read a buffer before it is written), as must
+    the Gluon dh on fewer programs than SMs (WarpSpecializedDh.fewest_programs). T = 215: Triton's dh gathering its
+    own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 336: the Gluon dh, the swap-AB dx, scatter behind it."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
