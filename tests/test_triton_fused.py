@@ -214,6 +214,27 @@ def test_unselected_rows_are_written_as_zeros(interpreted) -> None:
     assert bool((outputs[0][unselected] == 0).all()) and bool((outputs[1][unselected] == 0).all())
 
 
+@pytest.mark.parametrize(
+    ("batch", "selected"),
+    [(9, [0, 1, 2]), (9, [8]), (6, [0, 1, 2, 3, 4, 5]), (9, [3, 4, 7]), (1, [0])],
+    ids=["leading", "last-only", "all", "inner", "one-row"],
+)
+def test_zeros_fill_exactly_the_gaps_between_selected_rows(interpreted, batch: int, selected: list[int]) -> None:
+    """zero_unselected_kernel, one program per gap between selected rows (and before the first and after the last):
+    every row and routing entry that no token selects becomes zero and every selected one is left as it was, with
+    gaps at either end or none, consecutive selected rows, and 40 columns in blocks of 16 (a masked last block)."""
+    hidden, block_h = 40, 16
+    token_indices = torch.tensor(selected)
+    grad_hidden, grad_routing = torch.full((batch, hidden), 7.0), torch.full((batch,), 7.0)
+    interpreted.zero_unselected_kernel[(len(selected) + 1, -(-hidden // block_h))](
+        token_indices, grad_hidden, grad_routing, len(selected), batch, hidden, BLOCK_H=block_h
+    )
+    expected = torch.zeros(batch)
+    expected[token_indices] = 7.0
+    assert torch.equal(grad_routing, expected)
+    assert torch.equal(grad_hidden, expected[:, None].expand(batch, hidden))
+
+
 @pytest.mark.parametrize("dx_split", [1, 3, 4])
 def test_split_k_partials_sum_in_fixed_order(interpreted, dx_split: int) -> None:
     """Any split factor gives the same dx (up to fp32 reassociation): the partials cover range(F) exactly once."""

@@ -50,7 +50,7 @@ ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routi
 # Rows of the (T, .) intermediates (g, ge, x16, dd) are padded with zeros to a multiple of this: a multiple of every
 # tile's block_m and block_k, so that no GEMM operand block of them reaches past their end (weight_grad_kernel).
 ROW_PAD = 128
-ZERO_BLOCK_H = 1024  # columns per step of zero_unselected's row loop
+ZERO_BLOCK_H = 1024  # columns per program of zero_unselected: 4 per gap between selected rows at H = 4096
 WS_BLOCK_M = 128  # rows of the warp-specialised dh's and weight gradient's tiles (two warpgroups of 64-row wgmma)
 WS_BLOCK_N = 256  # columns of the warp-specialised weight gradient's tile (the dh's: WarpSpecializedDh.block_n)
 WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
@@ -448,9 +448,10 @@ def routing_x16(p: Problem) -> None:
 
 def zero_unselected(p: Problem) -> None:
     o = p.outputs
-    zero_unselected_kernel[(p.batch,)](
+    block_h = min(ZERO_BLOCK_H, triton.next_power_of_2(p.hidden))
+    zero_unselected_kernel[(p.tokens + 1, triton.cdiv(p.hidden, block_h))](
         p.inputs["token_indices"], o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.batch, p.hidden,
-        p.tokens.bit_length(), BLOCK_H=min(ZERO_BLOCK_H, triton.next_power_of_2(p.hidden)),
+        BLOCK_H=block_h,
     )  # fmt: skip
 
 
