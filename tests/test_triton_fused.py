@@ -405,6 +405,20 @@ def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split:
     assert torch.equal(written[0], written[1])
 
 
+def test_the_bf16_copy_of_dd_exists_wherever_a_kernel_writes_or_reads_it() -> None:
+    """dd_low is allocated for Triton's and the swap-AB dx, which read it, and for the Gluon dh, which always writes
+    it, also where the fused dx and grad_w1/grad_w3 (which reads the fp16 dd) follows; not for the Gluon dx alone."""
+    module = solution_module()
+    gluon_dh = module.WarpSpecializedDh(64, 5, 16, 2, 128, fewest_programs=True)
+    fused_plan = module.plan_for(128)
+    assert fused_plan.dx_grad_w13 is not None and fused_plan.dh_warp_specialized is None
+    assert not module.needs_low_copy(fused_plan)
+    assert module.needs_low_copy(dataclasses.replace(fused_plan, dh_warp_specialized=gluon_dh, dh_gathers_rows=False))
+    assert not module.needs_low_copy(module.plan_for(256))  # the Gluon dx over the fp16 dd
+    assert module.needs_low_copy(module.plan_for(224))  # the swap-AB dx
+    assert module.needs_low_copy(module.plan_for(64)) and module.needs_low_copy(module.plan_for(2048))
+
+
 @pytest.mark.gpu
 def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
     options = BenchOptions(trials=3, timing=TimingConfig(max_calls=20))

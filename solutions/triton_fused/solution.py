@@ -347,6 +347,12 @@ def _steps(tokens: int) -> tuple[int, int]:
     return triton.cdiv(tokens, WS_BLOCK_K), 0
 
 
+def needs_low_copy(plan: Plan) -> bool:
+    """Whether dh writes dd_low, the bf16 copy of dd: Triton's dx and the swap-AB dx read it, and the Gluon dh always
+    writes it, whichever dx follows."""
+    return plan.dh_warp_specialized is not None or (not plan.dx_warp_specialized and plan.dx_grad_w13 is None)
+
+
 def grad_w2_last_step(plan: Plan, tokens: int) -> int:
     """The rows of grad_w2's last K step, whose block of ge the gather shifts (gather_kernel)."""
     if plan.grad_w2_warp_specialized is None:
@@ -731,7 +737,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
                          "side stream, scatter_on_side, dx_writes_rows or dx_grad_w13")
     tokens = inputs["token_indices"].numel()
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, tokens),
-                not plan.dx_warp_specialized and plan.dx_grad_w13 is None, plan.dx_writes_rows,
+                needs_low_copy(plan), plan.dx_writes_rows,
                 triton.cdiv(tokens, plan.dx.block_m) * triton.cdiv(hidden, plan.dx.block_n))  # fmt: skip
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
