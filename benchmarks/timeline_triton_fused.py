@@ -17,7 +17,10 @@ apart by their launch grid. Rows are appended to --out (JSON lines) after a prov
 
 Each workload's bucket plan is profiled, and each --variant of it (the syntax of benchmarks/plan_ab_triton_fused.py),
 --calls times each: the order in which two streams' kernels take the SMs can differ from call to call (at T = 296-496
-dh and grad_w2 are released by the same kernel; docs/performance.md, v18).
+dh and grad_w2 are released by the same kernel; docs/performance.md, v18). A profiled call is not a timed one: at
+T = 128 the plan's profiled calls ended 3.5-5.7 us later than the timer's mean and a variant's 2.8-5.6 earlier, the
+opposite order to the timer's (v30). Rank plans by benchmarks/plan_ab_triton_fused.py; read a timeline for where the
+time goes.
 """
 
 from __future__ import annotations
