@@ -174,7 +174,7 @@ def test_tile_group_must_not_straddle_the_two_weights(interpreted) -> None:
 def test_gather_pads_g_and_shifts_ge_to_the_last_k_step(interpreted) -> None:
     """T = 19, K steps of 16: g and x16 get zero rows from 19 to the padded 128; ge keeps rows 0-15 and moves
     the last step's tokens 16-18 to rows 29-31, behind 13 zero rows, so that grad_w2 can read gated_output's
-    rows 3-18 (in bounds) against ge's rows 16-31."""
+    rows 3-18 (in bounds) against ge's rows 16-31. The gather also zeroes the call's counters."""
     dims = Dims(37, 19, 32, 64)
     inputs = interpreted_inputs(dims, torch.float32)
     outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
@@ -182,8 +182,10 @@ def test_gather_pads_g_and_shifts_ge_to_the_last_k_step(interpreted) -> None:
     p.g.fill_(float("nan"))
     p.ge.fill_(float("nan"))
     p.x_precise.fill_(float("nan"))
+    p.counters.fill_(7)
     interpreted.gather(p)
     interpreted.routing_x16(p)
+    assert bool((p.counters == 0).all())  # the call's tile-claim counters, zeroed by its first kernel
     g = inputs["grad_output"][inputs["token_indices"]]
     ge = g * inputs["selected_weights"][:, None]
     assert p.rows == 128
@@ -326,6 +328,31 @@ def test_resident_b_weight_gradient_refuses_more_than_its_slab_holds(interpreted
     plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=resident)
     with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
         run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
+def test_tiles_claimed_one_by_one_cannot_keep_b_resident(interpreted) -> None:
+    both = interpreted.WarpSpecializedWeightGrad(4, b_resident=True, dynamic=True)
+    plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=both)
+    with pytest.raises(ValueError, match="claimed one by one"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
+@pytest.mark.parametrize("dx_to_rows", [False, True])
+def test_each_dynamic_launch_gets_its_own_counter(interpreted, dx_to_rows: bool) -> None:
+    """The call's counters: one per launch of the Gluon weight gradient whose tiles are claimed one by one (grad_w2 and
+    up to two of grad_w1/grad_w3), then dx's arrivals where dx writes the rows after a split; a fourth launch is refused
+    rather than handed a counter in use."""
+    dims = Dims(37, 19, 32, 64)
+    inputs = interpreted_inputs(dims, torch.float32)
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
+    p = interpreted.Problem(inputs, outputs, torch.float32, 2, 16, dx_to_rows=dx_to_rows, dx_tiles=5)
+    counters = [p.tile_counter().data_ptr() for _ in range(interpreted.TILE_COUNTERS)]
+    assert counters == [p.counters.data_ptr() + 4 * i for i in range(interpreted.TILE_COUNTERS)]
+    assert (p.arrivals is not None) == dx_to_rows
+    if dx_to_rows:
+        assert p.arrivals.numel() == 5 and p.arrivals.data_ptr() == p.counters.data_ptr() + 4 * interpreted.TILE_COUNTERS
+    with pytest.raises(ValueError, match="3 tile counters"):
+        p.tile_counter()
 
 
 def test_grad_w2_last_step(interpreted) -> None:
@@ -481,7 +508,8 @@ def test_each_bucket_compiles_once() -> None:
 def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
     """The kernels reduce in a fixed order, so every call must give the same bits and write every element.
     A race between a TMA load and its consumer (seen with some dx tiles, docs/performance.md) would not, nor would
-    dx's arrival counters (T = 496: the last of a tile's split programs adds the partials) left unreset by a call."""
+    dx's arrival counters (T = 496: the last of a tile's split programs adds the partials) or grad_w2's tile-claim
+    counter (T = 196, 496) left unreset by a call."""
     run = get_solution("triton_fused").load_entry_point()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
@@ -558,26 +586,30 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dynamic", [False, True], ids=["dealt", "claimed"])
 @pytest.mark.parametrize("by_column", [False, True], ids=["by_row", "by_column"])
 @pytest.mark.parametrize(
-    "dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2371, 296), Dims(2689, 336), Dims(512, 64), Dims(64, 20)],
+    "dims",
+    [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2371, 296), Dims(2689, 336), Dims(997, 128), Dims(3967, 496),
+     Dims(512, 64), Dims(64, 20)],
     ids=lambda d: f"T{d.num_tokens}",
 )  # fmt: skip
-def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: bool) -> None:
+def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: bool, dynamic: bool) -> None:
     """grad_w2 by the Gluon kernel, whose last step (short where at most 32 tokens are left) reads gated_output's rows
     that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the same
-    order, less zero rows), in either tile order, and every other output is unchanged. T = 196 (4 tokens past 192),
-    215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 64 (no remainder), 20 (the short step
-    alone)."""
+    order, less zero rows), in either tile order, its tiles dealt out in advance or claimed one by one, on every call,
+    and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48: a whole last step, shifted),
+    296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short step alone)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
     triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
-    gluon_kernel = module.WarpSpecializedWeightGrad(4, by_column)
+    gluon_kernel = module.WarpSpecializedWeightGrad(4, by_column, dynamic=dynamic)
     gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=gluon_kernel)
-    results = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon))
-    for spec, triton_bits, gluon_bits in zip(OUTPUTS, *results):
-        assert torch.equal(gluon_bits, triton_bits), spec.name
+    triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon))
+    for call in gluon_calls:
+        for spec, want, got in zip(OUTPUTS, triton_bits, call):
+            assert torch.equal(got, want), spec.name
 
 
 @pytest.mark.gpu

@@ -63,10 +63,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["T", "LAST_STEP", "SHIFT"])
+@triton.jit(do_not_specialize=["T", "LAST_STEP", "SHIFT", "COUNTERS"])
 def gather_kernel(
-    grad_output, token_indices, selected_weights, g_out, ge_out,
-    T, H, LAST_STEP, SHIFT,
+    grad_output, token_indices, selected_weights, g_out, ge_out, counters,
+    T, H, LAST_STEP, SHIFT, COUNTERS,
     BLOCK_H: tl.constexpr,  # columns per program
     WRITE_G: tl.constexpr,  # False where dh gathers its own rows: ge only
     LAUNCH_DEPENDENTS: tl.constexpr,  # let the next kernel on the stream, launched as a programmatic dependent, start
@@ -83,10 +83,17 @@ def gather_kernel(
     (read g, write g and ge). With LAUNCH_DEPENDENTS every program allows the dependent launch as it starts, so a dh
     launched as a programmatic dependent (the Gluon dh, which waits for this grid before it reads g) is launched
     once the last of these programs has started, before the end of the grid releases anything on other streams.
+
+    The first COUNTERS programs (at most rows x column blocks) each set one int32 of `counters` to zero: the call's
+    counters that later kernels count up (the Gluon weight gradient's tile claims, dx's arrivals), zeroed by the
+    first kernel of the call rather than by a launch of their own.
     """
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
     r = tl.program_id(0)
+    program = r * tl.num_programs(1) + tl.program_id(1)
+    if program < COUNTERS:
+        tl.store(counters + program, 0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < H
     if r < T:

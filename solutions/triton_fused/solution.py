@@ -2,8 +2,7 @@
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
 from T = 257, dx in dx_swap_ab.py at 128 < T <= 224 and 256 < T <= 384 and in dx_warp_specialized.py at
 224 < T <= 256, dx with grad_w1/grad_w3 in dx_grad_weight_warp_specialized.py at 64 < T <= 128, and the weight
-gradients in weight_grad_warp_specialized.py from T = 129: grad_w2 up to T = 1024, grad_w1/grad_w3 at every T from
-there).
+gradients in weight_grad_warp_specialized.py: grad_w2 at 64 < T <= 1024, grad_w1/grad_w3 from T = 129).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -15,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 import torch
@@ -58,6 +57,9 @@ WS_BLOCK_K = 64  # the warp-specialised weight gradient's whole K step (tokens)
 # rows rather than of 64 (a step of 16 rows, where at most 16 are left, was slower than one of 32 in every A/B of v25).
 WS_SHORT_STEP = 32
 WS_STORE_WIDTH = 64  # columns per TMA store of the warp-specialised weight gradient
+# Tile-claim counters per call (Problem.counters): grad_w2 and up to two launches of grad_w1/grad_w3 (one per weight
+# where F is not a multiple of the tile's rows)
+TILE_COUNTERS = 3
 WS_RESIDENT_STEPS = 4  # K steps of B's resident slab (WarpSpecializedWeightGrad.b_resident): 128 KB at 256 columns
 SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
 # dx with grad_w1/grad_w3 in one pass (dx_grad_weight_warp_specialized.py): all the tokens (T <= 128) by 128 hidden
@@ -112,6 +114,10 @@ class WarpSpecializedWeightGrad:
     # run of tiles reaches, so that a tile reads only A's block from L2 (at most WS_RESIDENT_STEPS K steps: T <= 256;
     # grad_w1/grad_w3 alone at T = 196-256 -7.0 to -7.7 us, grad_w2 +1.5 to +3.0: docs/performance.md, v23).
     b_resident: bool = False
+    # The tiles claimed one at a time from a counter in memory, in the same order, by each program's loader as it is
+    # ready for the next, rather than dealt out in advance (not with b_resident): programs that start late, on SMs that
+    # the stage before frees last, take fewer tiles, and the stage ends at about one time on every SM.
+    dynamic: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,7 +251,7 @@ _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
 _PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                  zeros_at="after_grad_w2", dx_warp_specialized=True,
                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, b_resident=True),
-                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4))  # fmt: skip
+                 grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True))  # fmt: skip
 _PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                  dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
                  dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
@@ -262,8 +268,10 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # ways, whose tiles stay here for that comparison, means of three: T = 128 -20.3 and -21.1 us; alone 132.8 us
     # against 84.6 + 107.0: docs/performance.md, v27). Its programs hold every token, so dx is split 2 ways per weight:
     # 128 programs.
+    # grad_w2 by the Gluon weight gradient rather than Triton's 128 x 128 pair (same-process A/B, means of three: T = 128
+    # -3.0 and -2.9 us, with its tiles claimed one by one -2.7 and -2.3; at T = 64 +0.4 to +1.4; v31).
     (128, Plan(Tile(64, 128, 64, 4, 4, 2), _WGRAD_PAIR, _WGRAD_BESIDE_DX, _DX_BESIDE_WGRAD, 2, dh_gathers_rows=True,
-               dx_grad_w13=WarpSpecializedDxGradW13(4))),
+               dx_grad_w13=WarpSpecializedDxGradW13(4), grad_w2_warp_specialized=WarpSpecializedWeightGrad(4))),
     # dx as the Gluon kernel over the fp16 dd, in 128x256 tiles, and no bf16 copy of dd from dh (same-process A/B
     # against Triton's dx in 128x128 tiles over the copy, means of three: T = 196 -9.0 us, 215 -6.0, 256 -6.9 to -8.5;
     # Triton's dx in 128x256 tiles is 53-60 us slower here; the Gluon dx is slower at T = 64, 128 and 296: v15).
@@ -279,6 +287,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # B = 4096 / 2053 / 2048 / 512: v14).
     # grad_w1/grad_w3 with B's column slab resident in shared memory, so that a tile reads only A's block (alone: T = 196
     # -7.7 us, 215 -7.7, 256 -7.0, the bits unchanged; v23).
+    # grad_w2's tiles claimed one by one (WarpSpecializedWeightGrad.dynamic): its programs start on the 20 SMs that dh's
+    # 112 tiles leave free and on the rest only at dh's end, and dealt out in advance the late ones ended up to 45 us
+    # after the early ones, a lag that grad_w1/grad_w3's programs then inherit. Same-process A/B, means of four, on three
+    # machines: T = 196 -5.9 and -4.4 us, 215 -4.5, 256 -6.0 and -6.1 (B = 512), -4.1 (2053), -3.8 and -4.9 (2048),
+    # +2.6, +1.9 and +2.2 (4096: the zeros behind grad_w2, 31 MB, no longer run on SMs that grad_w2's early programs
+    # leave idle, and dx waits for them; first or last they cost more); edges T = 129 -7.6, 224 -4.7, 225 -5.8 (v31).
     # Up to T = 224 dx is the swap-AB kernel over the bf16 copy in one block of 128 + 64 + 32 tokens, which pays for
     # 224 rows where 128-row tiles pay for 256 (same-process A/B against the Gluon dx, means of three: T = 196 -5.1 us,
     # 215 -2.9; in one chunk of 256 tokens -4.6 and -2.2, and at T = 256 +1.0, so not there: v22).
@@ -316,7 +330,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dx as one launch over both halves whose last program per tile adds the split's partials and stores the selected
     # rows, so that no scatter ends the call (same-process A/B, means of four: T = 496 -6.1 us, 512 -6.0; edges T = 385
     # -7.5, 1024 -13.7; v28).
-    (1024, _PLAN_512),
+    # grad_w2's tiles claimed one by one, so that the SMs dh's programs of two tiles free first take more of them
+    # (same-process A/B, means of four: T = 512 -11.1 and -8.4 us, 496 +1.2 and +2.0; edges T = 385 -7.9, 512 (B = 513)
+    # -9.8, 513 +8.3, 1024 -2.4; at T = 296 +0.4 and 336 +4.7 and +5.3, where x16 and the zeros behind grad_w2 then
+    # reach grad_w1/grad_w3 later, so not the 320 and 384 buckets; v31).
+    (1024, replace(_PLAN_512, grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True))),
     # From T = 1025: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
     # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
@@ -398,9 +416,11 @@ class Problem:
     precise_dtype: torch.dtype
     dx_split: int
     k_step: int  # the rows of grad_w2's last K step (grad_w2_last_step): the gather shifts ge's last block of that many
-    low_copy: bool = True  # dd_low, the bf16 copy of dd that Triton's dx reads (None without)
+    low_copy: bool = True  # dd_low, the bf16 copy of dd (where needs_low_copy says; None without)
     dx_to_rows: bool = False  # Plan.dx_writes_rows: dx stores the rows; the routing weights finished after routing_x16
     dx_tiles: int = 0  # dx's output tiles: with dx_to_rows and a split, one arrival counter each (dx_kernel)
+    # Launches of the Gluon weight gradient so far in this call that claim their tiles, each from its own counter
+    weight_grad_launches: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         batch, hidden = self.inputs["grad_output"].shape
@@ -419,9 +439,19 @@ class Problem:
         # one partial per half and slice of K; dx into the rows takes both halves per slice, and needs none unsplit
         partials = self.dx_split if self.dx_to_rows else 2 * self.dx_split
         self.partials = torch.empty(partials, self.tokens, hidden, device=self.device, dtype=operand) if partials > 1 else None
-        # zeroed here, at the start of the call on the caller's stream, ahead of everything on both streams
+        # The call's counters, which the gather (the first kernel on either stream) zeroes: the dynamic Gluon weight
+        # gradient's tile claims, one per launch, then dx's arrivals (with dx_to_rows and a split)
         split_to_rows = self.dx_to_rows and self.dx_split > 1
-        self.arrivals = torch.zeros(self.dx_tiles, device=self.device, dtype=torch.int32) if split_to_rows else None
+        self.counters = torch.empty(TILE_COUNTERS + (self.dx_tiles if split_to_rows else 0), device=self.device,
+                                    dtype=torch.int32)  # fmt: skip
+        self.arrivals = self.counters[TILE_COUNTERS:] if split_to_rows else None
+
+    def tile_counter(self) -> torch.Tensor:
+        """The tile-claim counter of the next launch of the Gluon weight gradient in this call."""
+        if self.weight_grad_launches == TILE_COUNTERS:
+            raise ValueError(f"the call has {TILE_COUNTERS} tile counters for the Gluon weight gradient's launches")
+        self.weight_grad_launches += 1
+        return self.counters[self.weight_grad_launches - 1 :]
 
     def halves(self, dd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The d_a and d_up column halves of a (rows, 2F) buffer (dd or dd_low)."""
@@ -434,8 +464,8 @@ def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) ->
     i = p.inputs
     last_step = (p.tokens - 1) // p.k_step * p.k_step
     gather_kernel[(p.rows, p.routing_chunks)](
-        i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.tokens, p.hidden,
-        last_step, last_step + p.k_step - p.tokens, BLOCK_H=ROW_BLOCK_H, WRITE_G=write_g,
+        i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.counters, p.tokens, p.hidden,
+        last_step, last_step + p.k_step - p.tokens, p.counters.numel(), BLOCK_H=ROW_BLOCK_H, WRITE_G=write_g,
         LAUNCH_DEPENDENTS=launch_dependents,
     )  # fmt: skip
 
@@ -585,6 +615,8 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     last step is read as the rows that end at T, as weight_grad_kernel reads it)."""
     full_steps, tail_steps = _steps(p.tokens)
     _check_resident_steps(w, full_steps + tail_steps)
+    if w.dynamic and w.b_resident:
+        raise ValueError("the weight gradient's tiles are claimed one by one (dynamic) or runs of them keep B resident")
     _require_gpu(a, "weight gradient")
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
@@ -593,8 +625,9 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
         _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
         _gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), _gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
-        m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps, tail_steps, STAGES=w.stages,
-        BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
+        p.tile_counter() if w.dynamic else p.counters, m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps,
+        tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
+        DYNAMIC=w.dynamic,
         PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 
@@ -706,9 +739,9 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
         raise ValueError(f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps")
-    for field, allowed in (("x16_at", X16At), ("zeros_at", ZerosAt)):
-        if getattr(plan, field) not in get_args(allowed):
-            raise ValueError(f"{field} must be one of {get_args(allowed)}, not {getattr(plan, field)!r}")
+    for name, allowed in (("x16_at", X16At), ("zeros_at", ZerosAt)):
+        if getattr(plan, name) not in get_args(allowed):
+            raise ValueError(f"{name} must be one of {get_args(allowed)}, not {getattr(plan, name)!r}")
     if plan.dh_warp_specialized is not None and plan.dh_gathers_rows:
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):

@@ -1,6 +1,6 @@
 """[grad_w1; grad_w3] = [d_a | d_up]^T @ x16, and grad_w2 = ge^T @ gated_output, as a warp-specialised Gluon kernel
-(Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it from T = 129
-on: both weight gradients up to T = 1024, grad_w1/grad_w3 above).
+(Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it for grad_w2 at
+64 < T <= 1024 and for grad_w1/grad_w3 from T = 129).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
 multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
@@ -25,7 +25,12 @@ a K step late changes nothing (docs/performance.md, v21).
 
 The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns
 (of H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column tile
-fastest) or, with BY_COLUMN, column by column. With SLAB_STEPS (T <= 256) B stays in shared memory instead: program p
+fastest) or, with BY_COLUMN, column by column. With DYNAMIC the tiles go in the same order to whichever program's
+loader asks next: it claims a tile number from a counter in global memory (one atomic add by one lane) as its ring
+has room for the tile's first step, and hands the number to the product warpgroups through a two-slot ring in shared
+memory. A stage whose programs start at different times (on SMs that the kernel before frees at different times) then
+ends at about one time on every SM instead of inheriting the lag (docs/performance.md, v31). The tiles' products are
+the same, so are the bits. With SLAB_STEPS (T <= 256) B stays in shared memory instead: program p
 takes a contiguous run of the tiles column by column, the loader loads the T x 256 slab of B of each column it
 reaches once (after both warpgroups are done with the slab before), and a tile reads only A's block from L2, a third
 of the bytes of A's and B's at T = 256 (grad_w1/grad_w3 alone 6-7% faster at T = 196-256; grad_w2, whose programs load a
@@ -69,6 +74,10 @@ from .gluon_common import (
     wgmma_layout,
 )
 
+
+# Slots for tile numbers on their way from the loader to the product warpgroups (DYNAMIC): the loader runs at most a
+# tile ahead of the products (its ring holds STAGES K steps, one tile's at T = 256), so two suffice.
+TILE_SLOTS = gl.constexpr(2)
 
 @gluon.jit
 def _tile_origin(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BY_COLUMN: gl.constexpr):
@@ -119,13 +128,14 @@ def _load_resident_slab(b_desc, b_tail_desc, b_slab, slab_ready, off_n, B_ROWS, 
 
 
 @gluon.jit
-def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready, slab_free, M, N,
-                   B_ROWS, FULL_STEPS, TAIL_STEPS, BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr):  # fmt: skip
+def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready, slab_free,
+                   tile_counter, tile_ids, tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS, TAIL_STEPS,
+                   BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr):  # fmt: skip
     """Loader partition: each tile's FULL_STEPS whole K steps, then its TAIL_STEPS (0 or 1) short one, into stage
-    step % STAGES once both product warpgroups have released it (`empty`); `ready` counts the bytes in. The step at
-    A's row k reads B's rows from min(k, B_ROWS - its rows), as in Triton's kernel. With B_RESIDENT the stages hold
-    A's blocks only: B's slab is loaded into b_bufs once per column of tiles, after both product warpgroups are done
-    with the one before (`slab_free`)."""
+    step % STAGES once both product warpgroups have released it (`empty`); `ready` counts the bytes in (_load_step).
+    With B_RESIDENT the stages hold A's blocks only: B's slab is loaded into b_bufs once per column of tiles, after
+    both product warpgroups are done with the one before (`slab_free`). With DYNAMIC the loader claims each next tile
+    from tile_counter as it is ready to load it and hands its number to the product warpgroups."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
@@ -154,34 +164,145 @@ def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, rea
                     tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s).slice(0, TAIL))
                 step += 1
         return
+    if DYNAMIC:
+        num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+        step = 0
+        j = 0
+        tile = _claim_tile(tile_counter)
+        while tile < num_tiles:
+            _publish_tile(tile_ids, tile_ready, tile_free, j, tile)
+            off_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
+            for kk in range(k_steps):
+                s = wait_stage_free(empty, step)
+                _load_step(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs.index(s), b_bufs.index(s), ready.index(s), kk,
+                           off_m, off_n, B_ROWS, FULL_STEPS)  # fmt: skip
+                step += 1
+            j += 1
+            tile = _claim_tile(tile_counter)
+        _publish_tile(tile_ids, tile_ready, tile_free, j, num_tiles)  # no more tiles: the product warpgroups stop
+        return
     total = program_tile_count(M, N, BLOCK_M, BLOCK_N) * k_steps
     for step in range(total):
         s = wait_stage_free(empty, step)
         tile = gl.program_id(0) + (step // k_steps) * gl.num_programs(0)
         off_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
-        kk = step % k_steps
-        bar = ready.index(s)
-        if kk < FULL_STEPS:
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], bar, b_bufs.index(s))
-        else:
-            mbarrier.expect(bar, a_tail_desc.block_type.nbytes + b_tail_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s).slice(0, TAIL))
-            tma.async_copy_global_to_shared(b_tail_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - TAIL), off_n], bar,
-                                            b_bufs.index(s).slice(0, TAIL))  # fmt: skip
+        _load_step(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs.index(s), b_bufs.index(s), ready.index(s),
+                   step % k_steps, off_m, off_n, B_ROWS, FULL_STEPS)  # fmt: skip
 
 
 @gluon.jit
-def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, M, N, HIGH_FROM,
-              FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr,
-              WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each tile, acc = A block^T @ B block over
-    the tile's K steps (a short last one of TAIL rows where TAIL_STEPS = 1), then the half tile in bf16 through this
-    warpgroup's staging buffer (PIECES blocks of c_desc at a time) and out by TMA. Nothing here waits for the other
-    warpgroup, so where one converts and stores, the other's wgmma have the tensor cores to themselves. With
-    B_RESIDENT, B's blocks come from the slab buffer, waited for once per column of tiles and handed back
-    (`slab_free`) after its last tile's products."""
+def _load_step(a_desc, b_desc, a_tail_desc, b_tail_desc, a_buf, b_buf, bar, kk, off_m, off_n, B_ROWS, FULL_STEPS):
+    """K step kk of the tile at (off_m, off_n) into one stage (B streaming with A), counted in by bar: a whole step of
+    BLOCK_K rows, or the short one of TAIL rows into the stage's first rows. The step at A's row k reads B's rows from
+    min(k, B_ROWS - its rows), as in Triton's kernel."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
+    TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
+    if kk < FULL_STEPS:
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_buf)
+        tma.async_copy_global_to_shared(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], bar, b_buf)
+    else:
+        mbarrier.expect(bar, a_tail_desc.block_type.nbytes + b_tail_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_buf.slice(0, TAIL))
+        tma.async_copy_global_to_shared(b_tail_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - TAIL), off_n], bar,
+                                        b_buf.slice(0, TAIL))  # fmt: skip
+
+
+# The claim: lane 0 of the loader warp adds 1 to the counter in global memory (relaxed: the counter orders nothing but
+# the claims) and the old value is broadcast to the warp's 32 lanes, which each run this once.
+_CLAIM_ASM = gl.constexpr("""{
+    .reg .pred first;
+    .reg .u32 lane, claimed;
+    mov.u32 lane, %laneid;
+    setp.eq.u32 first, lane, 0;
+    mov.u32 claimed, 0;
+    @first atom.relaxed.gpu.global.add.u32 claimed, [$1], 1;
+    shfl.sync.idx.b32 $0, claimed, 0, 0x1f, 0xffffffff;
+}""")
+
+
+@gluon.jit
+def _claim_tile(tile_counter):
+    """The loader warp's next tile: the counter's value before this claim's increment (the tiles in order 0, 1, ...
+    across all programs, each taken once)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    counter = tile_counter + gl.zeros([1], gl.int32, layout)
+    claimed = gl.inline_asm_elementwise(_CLAIM_ASM, "=r,l", [counter], dtype=gl.int32, is_pure=False, pack=1)
+    return gl.max(claimed, axis=0)
+
+
+@gluon.jit
+def _publish_tile(tile_ids, tile_ready, tile_free, j, tile):
+    """The loader hands the tile number of this program's j-th tile to both product warpgroups through slot
+    j % SLOTS, once both have taken the number that slot held before."""
+    SLOTS: gl.constexpr = tile_ids.shape[0]
+    slot = j % SLOTS
+    mbarrier.wait(tile_free.index(slot), ((j // SLOTS) & 1) ^ 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    tile_ids.index(slot).store(gl.full([1], tile, gl.int32, layout))
+    gl.thread_barrier()  # the number is in shared memory before the arrival that publishes it
+    mbarrier.arrive(tile_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _take_tile(tile_ids, tile_ready, tile_free, j, num_warps: gl.constexpr):
+    """A product warpgroup's j-th tile number, from the loader (_publish_tile); the slot is handed back once read."""
+    SLOTS: gl.constexpr = tile_ids.shape[0]
+    slot = j % SLOTS
+    mbarrier.wait(tile_ready.index(slot), (j // SLOTS) & 1)
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    tile = gl.max(tile_ids.index(slot).load(layout), axis=0)
+    gl.thread_barrier()  # every warp has read the number before the slot is handed back
+    mbarrier.arrive(tile_free.index(slot), count=1)
+    return tile
+
+
+@gluon.jit
+def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free, staging, c_desc,
+              c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
+              B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each of this program's tiles (_product_tile):
+    the tiles dealt out in advance, or with DYNAMIC the tile numbers the loader claims, until it hands over the tile
+    count."""
+    BLOCK_M: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    step = 0
+    slab = 0
+    if DYNAMIC:
+        num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+        j = 0
+        tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
+        while tile < num_tiles:
+            step, slab = _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc,
+                                       tile, j, 0, step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
+                                       B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+            j += 1
+            tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
+    else:
+        if B_RESIDENT:
+            first, my_tiles = _resident_run(M, N, BLOCK_M, BLOCK_N)
+            stride = 1
+        else:
+            first = gl.program_id(0)
+            my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
+            stride = gl.num_programs(0)
+        for j in range(my_tiles):
+            step, slab = _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc,
+                                       first + j * stride, j, my_tiles, step, slab, M, N, HIGH_FROM, FULL_STEPS,
+                                       TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, my_tiles,
+                  step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
+                  B_RESIDENT: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """This warpgroup's 64 rows of `tile` (the program's j-th of my_tiles): acc = A block^T @ B block over the tile's K
+    steps (a short last one of TAIL rows where TAIL_STEPS = 1), then the half tile in bf16 through this warpgroup's
+    staging buffer (PIECES blocks of c_desc at a time) and out by TMA. Nothing here waits for the other warpgroup, so
+    where one converts and stores, the other's wgmma have the tensor cores to themselves. With B_RESIDENT, B's blocks
+    come from the slab buffer, waited for once per column of tiles and handed back (`slab_free`) after its last tile's
+    products. Returns the ring's step count and the slab count after the tile."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     PIECES: gl.constexpr = staging.shape[0]
@@ -190,78 +311,67 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_de
     ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     num_m = gl.cdiv(M, BLOCK_M)
-    if B_RESIDENT:
-        first, my_tiles = _resident_run(M, N, BLOCK_M, BLOCK_N)
-        stride = 1
-    else:
-        first = gl.program_id(0)
-        my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
-        stride = gl.num_programs(0)
-    step = 0
-    slab = 0
-    for j in range(my_tiles):
-        tile = first + j * stride
-        tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN or B_RESIDENT)
-        off_m = tile_m + WARPGROUP * ROWS
-        if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
-            if _starts_slab(j, tile, num_m):
-                for kk in range(FULL_STEPS + TAIL_STEPS):
-                    mbarrier.wait(slab_ready.index(kk), slab & 1)
-                slab += 1
-        acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-        for kk in range(FULL_STEPS):
-            s = wait_stage_ready(ready, step)
-            a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
-            if B_RESIDENT:
-                b = b_bufs.index(kk)
-            else:
-                b = b_bufs.index(s)
-            acc = warpgroup_mma(a.permute((1, 0)), b, acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            if kk > 0:  # the wgmma of the step before is done with its stage
-                release_stage(empty, step - 1)
-            step += 1
-        # The short step after the loop rather than a branch in it: the whole backward 2.0-2.9 us faster at T = 196,
-        # within 1 us at T = 296-512 (v25). An in-flight wgmma cannot leave an if, so the branch issues and waits.
-        if TAIL_STEPS > 0:
-            s = wait_stage_ready(ready, step)
-            a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1).slice(0, TAIL)
-            if B_RESIDENT:
-                b = b_bufs.index(FULL_STEPS)
-            else:
-                b = b_bufs.index(s)
-            acc = warpgroup_mma(a.permute((1, 0)), b.slice(0, TAIL), acc, use_acc=FULL_STEPS > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            if FULL_STEPS > 0:
-                release_stage(empty, step - 1)
-            step += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        release_stage(empty, step - 1)
-        if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
-            if _ends_slab(j, my_tiles, tile, num_m):
-                mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
-        pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
-        for r in gl.static_range(ROUNDS):
-            tma.store_wait(0)
-            gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+    tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN or B_RESIDENT)
+    off_m = tile_m + WARPGROUP * ROWS
+    if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if _starts_slab(j, tile, num_m):
+            for kk in range(FULL_STEPS + TAIL_STEPS):
+                mbarrier.wait(slab_ready.index(kk), slab & 1)
+            slab += 1
+    acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+    for kk in range(FULL_STEPS):
+        s = wait_stage_ready(ready, step)
+        a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
+        if B_RESIDENT:
+            b = b_bufs.index(kk)
+        else:
+            b = b_bufs.index(s)
+        acc = warpgroup_mma(a.permute((1, 0)), b, acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        if kk > 0:  # the wgmma of the step before is done with its stage
+            release_stage(empty, step - 1)
+        step += 1
+    # The short step after the loop rather than a branch in it: the whole backward 2.0-2.9 us faster at T = 196,
+    # within 1 us at T = 296-512 (v25). An in-flight wgmma cannot leave an if, so the branch issues and waits.
+    if TAIL_STEPS > 0:
+        s = wait_stage_ready(ready, step)
+        a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1).slice(0, TAIL)
+        if B_RESIDENT:
+            b = b_bufs.index(FULL_STEPS)
+        else:
+            b = b_bufs.index(s)
+        acc = warpgroup_mma(a.permute((1, 0)), b.slice(0, TAIL), acc, use_acc=FULL_STEPS > 0, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        if FULL_STEPS > 0:
+            release_stage(empty, step - 1)
+        step += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    release_stage(empty, step - 1)
+    if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if _ends_slab(j, my_tiles, tile, num_m):
+            mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
+    pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
+    for r in gl.static_range(ROUNDS):
+        tma.store_wait(0)
+        gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+        for i in gl.static_range(PIECES):
+            staging.index(i).store(pieces[r * PIECES + i])
+        fence_async_shared()
+        gl.thread_barrier()
+        # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
+        if tile_m < HIGH_FROM:
             for i in gl.static_range(PIECES):
-                staging.index(i).store(pieces[r * PIECES + i])
-            fence_async_shared()
-            gl.thread_barrier()
-            # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
-            if tile_m < HIGH_FROM:
-                for i in gl.static_range(PIECES):
-                    tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (r * PIECES + i) * WIDTH], staging.index(i))
-            else:
-                for i in gl.static_range(PIECES):
-                    tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (r * PIECES + i) * WIDTH],
-                                                    staging.index(i))  # fmt: skip
-    tma.store_wait(0)
+                tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (r * PIECES + i) * WIDTH], staging.index(i))
+        else:
+            for i in gl.static_range(PIECES):
+                tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (r * PIECES + i) * WIDTH],
+                                                staging.index(i))  # fmt: skip
+    return step, slab
 
 
-@gluon.jit(do_not_specialize=["B_ROWS", "FULL_STEPS", "TAIL_STEPS"])
+@gluon.jit(do_not_specialize=["tile_counter", "B_ROWS", "FULL_STEPS", "TAIL_STEPS"])
 def weight_grad_ws_kernel(
-    a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc,
+    a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc, tile_counter,
     M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
     STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     BY_COLUMN: gl.constexpr,  # the tiles column by column (else row by row)
@@ -269,6 +379,9 @@ def weight_grad_ws_kernel(
     # stages with A): each program takes a contiguous run of the tiles column by column (whatever BY_COLUMN says),
     # so it loads B's slab once per column of tiles it reaches and a tile reads only A's block.
     SLAB_STEPS: gl.constexpr,
+    # The tiles claimed one at a time from tile_counter (an int32 in global memory, zero at launch) by each program's
+    # loader as it is ready for the next, in the same order, rather than dealt out in advance (not with SLAB_STEPS).
+    DYNAMIC: gl.constexpr,
     PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
     num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
 ):  # fmt: skip
@@ -298,15 +411,26 @@ def weight_grad_ws_kernel(
     staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
     staging = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
     staging_second = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
+    # With DYNAMIC, the loader's claimed tile numbers on their way to the product warpgroups: TILE_SLOTS slots, each
+    # with a `tile_ready` barrier (the loader has written it) and a `tile_free` one (both warpgroups have read it).
+    tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_ready = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    tile_free = gl.allocate_shared_memory(gl.int64, [TILE_SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(TILE_SLOTS):
+        mbarrier.init(tile_ready.index(i), count=1)
+        mbarrier.init(tile_free.index(i), count=2)
     TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     gl.warp_specialize(
         [
-            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, M, N,
-                         HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, 0, num_warps)),
-            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging_second, c_desc, c_high_desc, M, N,
-                         HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, 1, 4)),
+            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free, staging,
+                         c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT,
+                         DYNAMIC, 0, num_warps)),
+            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free,
+                         staging_second, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
+                         B_RESIDENT, DYNAMIC, 1, 4)),
             (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready,
-                              slab_free, M, N, B_ROWS, FULL_STEPS, TAIL_STEPS, BY_COLUMN, B_RESIDENT)),
+                              slab_free, tile_counter, tile_ids, tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS,
+                              TAIL_STEPS, BY_COLUMN, B_RESIDENT, DYNAMIC)),
         ],
         [4, 1],  # the second product warpgroup, the loader warp
         [PRODUCT_REGS, 24],  # the loader needs few registers
