@@ -2,7 +2,7 @@
 launches of kernels.py (and, where the plan says, of the warp-specialised Gluon kernels: dh in dh_warp_specialized.py
 from T = 257, dx in dx_swap_ab.py at 128 < T <= 224 and 256 < T <= 384 and in dx_warp_specialized.py at
 224 < T <= 256, dx with grad_w1/grad_w3 in dx_grad_weight_warp_specialized.py at 64 < T <= 128, and the weight
-gradients in weight_grad_warp_specialized.py: grad_w2 at 64 < T <= 1024, grad_w1/grad_w3 from T = 129).
+gradients in weight_grad_warp_specialized.py: grad_w2 from T = 65, grad_w1/grad_w3 from T = 129).
 
 Tile plans are chosen per bucket of T (not per exact T) and the kernels do not specialise on T or B, so
 each bucket compiles once, on its first call, and never inside timed calls. The folder is self-contained:
@@ -322,7 +322,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # scatter right behind dx on the caller's stream, beside grad_w1/grad_w3 on the side stream, rather than after them
     # (same-process A/B, means of three: T = 296 -4.7 us, 336 -5.8; +1.2 and +2.6 at 512 and 496; docs/performance.md,
     # v28).
-    (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3), dx_writes_rows=False, scatter_after_dx=True)),
+    # Up to T = 320 grad_w2's tiles claimed one by one, with x16 behind the gather on the side stream, ahead of grad_w2,
+    # rather than behind the zeros once dh is done (same-process A/B, means of three and four: T = 296 -1.7 and -2.7 us;
+    # at 336 +0.5 and +1.5, and grad_w2 claimed with x16 after dh +4.7 and +5.3, so not the 384 bucket; v31).
+    (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3), dx_writes_rows=False, scatter_after_dx=True,
+                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True),
+                  x16_at="after_gather")),
     (384, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 128), 3), dx_writes_rows=False, scatter_after_dx=True)),
     # Up to T = 1024 rather than 512: just past 512 the last bucket's plan was 74 us slower (T = 513 739 us against 665
     # with this plan, 640 786 against 712, 768 851 against 815, 1024 1043 against 1028; same-process A/B, means of
@@ -345,9 +350,13 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dx unsplit in one launch over both halves into the selected rows, no partials and no scatter (A/B at T = 2048,
     # means of six and four: -19.9 and -16.4 us, one run of three +20.7 with one call at 2027; edges T = 1025 -15.7,
     # 1500 -3.1; v28).
+    # grad_w2 by the Gluon kernel, column by column, its tiles claimed one by one: its programs start as grad_w1/grad_w3's
+    # end, 112 of them with 27 tiles about 22 us before the 20 with 28 (A/B at T = 2048, means of four and six: -7.1 and
+    # -11.1 us, dealt out -5.5; v31).
     (1 << 30, Plan(Tile(128, 256, 64, 8, 3, 4, 1, True), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 1,
                    dh_warp_specialized=WarpSpecializedDh(64, 3, 16, 1, fewest_programs=True), dh_programmatic_launch=True,
                    x16_at="after_gather", zeros_at="after_grad_w2", grad_w13_warp_specialized=WarpSpecializedWeightGrad(4),
+                   grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True),
                    dx_writes_rows=True)),
 )
 

@@ -1,6 +1,6 @@
 """[grad_w1; grad_w3] = [d_a | d_up]^T @ x16, and grad_w2 = ge^T @ gated_output, as a warp-specialised Gluon kernel
-(Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it for grad_w2 at
-64 < T <= 1024 and for grad_w1/grad_w3 from T = 129).
+(Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it for grad_w2 from
+T = 65 and for grad_w1/grad_w3 from T = 129).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
 multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
