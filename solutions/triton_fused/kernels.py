@@ -355,7 +355,7 @@ def dx_kernel(
     program stores them itself. Split, each program stores its partial, then counts itself in on the tile's
     arrivals counter (an int32 atomic, acquire-release, after a barrier of the program's threads), and the last to
     arrive adds the tile's partials in fixed order, as scatter_kernel would (deterministic whatever the order of
-    arrival), stores the rows and sets the counter back to zero.
+    arrival) and stores the rows. The counters are the call's, zeroed by gather_kernel.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -388,7 +388,6 @@ def dx_kernel(
                     theirs = partials + (s * T + rows)[:, None] * N + cols[None, :]
                     total += tl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
                 tl.store(out, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
-                tl.store(arrivals + pid, 0)
     else:
         tl.store(partial, acc.to(partials.dtype.element_ty), mask=mask)
 

@@ -335,7 +335,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dx as one launch over both halves whose last program per tile adds the split's partials and stores the selected
     # rows, so that no scatter ends the call (same-process A/B, means of four: T = 496 -6.1 us, 512 -6.0; edges T = 385
     # -7.5, 1024 -13.7; v28).
-    # grad_w2's tiles claimed one by one, so that the SMs dh's programs of two tiles free first take more of them
+    # grad_w2's tiles claimed one by one, so that the SMs that dh's programs of fewer tiles free first take more of them
     # (same-process A/B, means of four: T = 512 -11.1 and -8.4 us, 496 +1.2 and +2.0; edges T = 385 -7.9, 512 (B = 513)
     # -9.8, 513 +8.3, 1024 -2.4; at T = 296 +0.4 and 336 +4.7 and +5.3, where x16 and the zeros behind grad_w2 then
     # reach grad_w1/grad_w3 later, so not the 320 and 384 buckets; v31).

@@ -79,6 +79,7 @@ from .gluon_common import (
 # tile ahead of the products (its ring holds STAGES K steps, one tile's at T = 256), so two suffice.
 TILE_SLOTS = gl.constexpr(2)
 
+
 @gluon.jit
 def _tile_origin(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BY_COLUMN: gl.constexpr):
     """Tile number -> (first row, first column) of the output: row by row of tiles, or column by column."""
@@ -234,26 +235,23 @@ def _claim_tile(tile_counter):
 @gluon.jit
 def _publish_tile(tile_ids, tile_ready, tile_free, j, tile):
     """The loader hands the tile number of this program's j-th tile to both product warpgroups through slot
-    j % SLOTS, once both have taken the number that slot held before."""
-    SLOTS: gl.constexpr = tile_ids.shape[0]
-    slot = j % SLOTS
-    mbarrier.wait(tile_free.index(slot), ((j // SLOTS) & 1) ^ 1)
+    j % TILE_SLOTS, once both have taken the number that slot held before (the operand ring's protocol, gluon_common,
+    on a ring of tile numbers)."""
+    slot = wait_stage_free(tile_free, j)
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     tile_ids.index(slot).store(gl.full([1], tile, gl.int32, layout))
     gl.thread_barrier()  # the number is in shared memory before the arrival that publishes it
-    mbarrier.arrive(tile_ready.index(slot), count=1)
+    release_stage(tile_ready, j)
 
 
 @gluon.jit
 def _take_tile(tile_ids, tile_ready, tile_free, j, num_warps: gl.constexpr):
     """A product warpgroup's j-th tile number, from the loader (_publish_tile); the slot is handed back once read."""
-    SLOTS: gl.constexpr = tile_ids.shape[0]
-    slot = j % SLOTS
-    mbarrier.wait(tile_ready.index(slot), (j // SLOTS) & 1)
+    slot = wait_stage_ready(tile_ready, j)
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     tile = gl.max(tile_ids.index(slot).load(layout), axis=0)
     gl.thread_barrier()  # every warp has read the number before the slot is handed back
-    mbarrier.arrive(tile_free.index(slot), count=1)
+    release_stage(tile_free, j)
     return tile
 
 
