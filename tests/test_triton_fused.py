@@ -127,12 +127,16 @@ def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: boo
 
 @pytest.mark.parametrize(
     ("x16_at", "zeros_at"),
-    [("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"), ("after_gather", "after_grad_w2"), ("after_dh", "last")],
-)
+    [("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"), ("after_gather", "after_grad_w2"), ("after_dh", "last"),
+     ("after_dh", "after_dx")],
+)  # fmt: skip
 def test_x16_and_zeros_placements(interpreted, x16_at: str, zeros_at: str) -> None:
     """routing_x16 and zero_unselected issued where Plan.x16_at and Plan.zeros_at say: grad_w1/grad_w3 and scatter,
-    which read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
+    which read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33). The zeros
+    behind dx need both of dx's halves on the caller's stream."""
     plan = dataclasses.replace(small_plan(interpreted), x16_at=x16_at, zeros_at=zeros_at)
+    if zeros_at == "after_dx":
+        plan = dataclasses.replace(plan, dx_on_side=(False, False))
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
 
@@ -143,6 +147,7 @@ def test_x16_and_zeros_placements(interpreted, x16_at: str, zeros_at: str) -> No
         ({"x16_at": "last"}, "x16_at must be one of"),
         ({"zeros_at": "after_gather"}, "zeros_at must be one of"),
         ({"zeros_at": "last", "scatter_on_side": True}, "zeros_at 'last'"),
+        ({"zeros_at": "after_dx", "dx_on_side": (False, True)}, "zeros_at 'after_dx'"),
         ({"x16_at": "after_gather", "dh_gathers_rows": True}, "x16_at 'after_gather'"),
     ],
 )
@@ -334,6 +339,13 @@ def test_tiles_claimed_one_by_one_cannot_keep_b_resident(interpreted) -> None:
     both = interpreted.WarpSpecializedWeightGrad(4, b_resident=True, dynamic=True)
     plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=both)
     with pytest.raises(ValueError, match="claimed one by one"):
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+
+
+def test_weight_gradient_programs_must_not_be_negative(interpreted) -> None:
+    fewer = interpreted.WarpSpecializedWeightGrad(4, dynamic=True, programs=-1)
+    plan = dataclasses.replace(small_plan(interpreted), grad_w2_warp_specialized=fewer)
+    with pytest.raises(ValueError, match="programs must be 0"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
@@ -547,7 +559,7 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims", [Dims(1721, 215), Dims(2689, 336)], ids=lambda d: f"T{d.num_tokens}")
+@pytest.mark.parametrize("dims", [Dims(1721, 215), Dims(2048, 256), Dims(2689, 336)], ids=lambda d: f"T{d.num_tokens}")
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     """The streams only reorder work: placements of grad_w2, dx's halves, scatter (also right behind dx) and
     grad_w1/grad_w3 on the two streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's
@@ -555,7 +567,9 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     stream, and the Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits
     (a missing wait between the streams, or in dh for the gather, would read a buffer before it is written), as must
     the Gluon dh on fewer programs than SMs (WarpSpecializedDh.fewest_programs). T = 215: Triton's dh gathering its
-    own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 336: the Gluon dh, the swap-AB dx, scatter behind it."""
+    own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 256: dx behind dh beside the weight gradients claiming
+    their tiles on the side stream, grad_w2 in fewer programs than SMs; T = 336: the Gluon dh, the swap-AB dx, scatter
+    behind it (and the zeros behind it)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
@@ -579,6 +593,8 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
         for x16_at, zeros_at in (("start", "start"), ("start", "after_grad_w2"), ("after_dh", "last"))
         if (x16_at, zeros_at) != (plan.x16_at, plan.zeros_at)
     ]
+    if not any(plan.dx_on_side):
+        layouts.append(dataclasses.replace(plan, zeros_at="after_dx"))
     layouts.append(plan.on_one_stream())
     results = outputs_by_plan(module, inputs, outputs, layouts)
     for spec, *versions in zip(OUTPUTS, *results):
@@ -598,7 +614,7 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     """grad_w2 by the Gluon kernel, whose last step (short where at most 32 tokens are left) reads gated_output's rows
     that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the same
     order, less zero rows), in either tile order, its tiles dealt out in advance or claimed one by one, on every call,
-    and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48: a whole last step, shifted),
+    also in 88 programs rather than one per SM, and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48: a whole last step, shifted),
     296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short step alone)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
@@ -606,7 +622,8 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
     gluon_kernel = module.WarpSpecializedWeightGrad(4, by_column, dynamic=dynamic)
     gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=gluon_kernel)
-    triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon))
+    fewer = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=dataclasses.replace(gluon_kernel, programs=88))
+    triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon, fewer))
     for call in gluon_calls:
         for spec, want, got in zip(OUTPUTS, triton_bits, call):
             assert torch.equal(got, want), spec.name

@@ -118,6 +118,9 @@ class WarpSpecializedWeightGrad:
     # ready for the next, rather than dealt out in advance (not with b_resident): programs that start late, on SMs that
     # the stage before frees last, take fewer tiles, and the stage ends at about one time on every SM.
     dynamic: bool = False
+    # Persistent programs: 0 = one per SM; fewer leave SMs to a kernel on the other stream that is issued after it
+    # but should start beside it (the tiles claimed one by one, so that the programs share them as they free up).
+    programs: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ class WarpSpecializedDxGradW13:
 
 
 X16At = Literal["start", "after_gather", "after_dh"]
-ZerosAt = Literal["start", "after_grad_w2", "after_dh", "last"]
+ZerosAt = Literal["start", "after_grad_w2", "after_dh", "after_dx", "last"]
 
 
 @dataclass(frozen=True)
@@ -210,9 +213,10 @@ class Plan:
     # grad_hidden_states (split, the last of a tile's programs adds their partials): no scatter at the end of the
     # call, whose routing weights are finished right behind routing_x16 instead. Both halves on one stream.
     dx_writes_rows: bool = False
-    # Where zero_unselected (the rows and routing entries no token selects, which only the end of the call needs) runs
-    # on the side stream: "start", "after_grad_w2", "after_dh" (ahead of x16 when that is after dh too), or "last",
-    # after everything else there (not with scatter_on_side, which must follow it).
+    # Where zero_unselected (the rows and routing entries no token selects, which only the end of the call needs) runs:
+    # on the side stream "start", "after_grad_w2", "after_dh" (ahead of x16 when that is after dh too), or "last",
+    # after everything else there (not with scatter_on_side, which must follow it); or "after_dx", on the caller's
+    # stream right behind dx (both halves there) and scatter_after_dx's scatter, out of the side stream's way.
     zeros_at: ZerosAt = "start"
 
     @property
@@ -247,7 +251,7 @@ _DX_BESIDE_WGRAD = Tile(128, 128, 64, 4, 3)
 # grad_w2 column by column of tiles: a wave of tiles then shares a few column slabs of gated_output (T x F, 58 MB
 # at T = 2048, more than L2) and re-reads ge (T x H, 16 MB), which stays in L2 (T = 2048: 364 -> 314 us).
 _WGRAD_WIDE_BY_COLUMN = Tile(128, 256, 64, 8, 4, 2, 1, True, group_m=0)
-# The plans of 224 < T <= 256 and 384 < T <= 1024, which the buckets below them vary (their comments in PLANS).
+# The plans that the buckets of 128 < T <= 256 and 256 < T <= 1024 vary (their comments in PLANS).
 _PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE, 2, dh_gathers_rows=True,
                  zeros_at="after_grad_w2", dx_warp_specialized=True,
                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, b_resident=True),
@@ -297,7 +301,18 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # 224 rows where 128-row tiles pay for 256 (same-process A/B against the Gluon dx, means of three: T = 196 -5.1 us,
     # 215 -2.9; in one chunk of 256 tokens -4.6 and -2.2, and at T = 256 +1.0, so not there: v22).
     (224, replace(_PLAN_256, dx_warp_specialized=False, dx_swap_ab=SwapAbDx((128, 64, 32), 4))),
-    (256, _PLAN_256),
+    # dx right behind dh on the caller's stream in 64 programs (split-K 1), beside grad_w2 and then grad_w1/grad_w3 on
+    # the side stream, both claiming their tiles, grad_w2 in 88 programs (of the 132 SMs) so that dx finds SMs free at
+    # dh's end, and the zeros first on the side stream, beside dh. dx reads the weights and grad_w1/grad_w3 writes
+    # theirs; alone at T = 256 each runs 26% faster per SM on half the SMs than on all of them (dx 142.6 us on 64 SMs
+    # against 90.7 on 128, grad_w1/grad_w3 170.0 on 66 against 107.4 on 132), and side by side they share the GPU's
+    # bound instead of taking turns at it (same-process A/B against the layout above, means of four, on three machines:
+    # T = 256 -5.9, -5.9, -5.3 and -5.3 us at B = 2048, 4096, 512 and 2053 with grad_w2 in 88 programs, -3.2 to -6.2
+    # in all 132; edges T = 225 -7.0, 256 (B = 999) -4.4; at T = 196 and 215, where the swap-AB dx and the resident B of
+    # grad_w1/grad_w3 pay, +17 to +20, so not the 224 bucket: v32).
+    (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
+                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
+                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=88))),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
     # v18's dh this layout also pays at T = 496, -7.2 and -7.9 us in two A/B runs, and is even at 512: +0.3, -0.4).
@@ -339,7 +354,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # (same-process A/B, means of four: T = 512 -11.1 and -8.4 us, 496 +1.2 and +2.0; edges T = 385 -7.9, 512 (B = 513)
     # -9.8, 513 +8.3, 1024 -2.4; at T = 296 +0.4 and 336 +4.7 and +5.3, where x16 and the zeros behind grad_w2 then
     # reach grad_w1/grad_w3 later, so not the 320 and 384 buckets; v31).
-    (1024, replace(_PLAN_512, grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True))),
+    # The zeros on the caller's stream behind dx rather than on the side stream ahead of x16, which then no longer waits
+    # for them before grad_w1/grad_w3 (same-process A/B, means of three or four, five runs on two machines: T = 496 -5.3,
+    # -5.0, -5.1, -4.8 and -4.8 us, 512 -0.1, -0.1, +0.5, +0.3; edges T = 385 +0.2, 512 (B = 513) +0.7, 513 +1.4, 1024
+    # -0.1; at 296 and 336 +0.1 to +0.4, so not the 320 and 384 buckets: v32).
+    (1024, replace(_PLAN_512, grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True),
+                   zeros_at="after_dx")),
     # From T = 1025: dh launched as a programmatic dependent of the gather on the fewest programs that keep its busiest
     # one at the same tile count (T = 2048: 128 for 896 tiles, 7 each), and x16 behind the gather on the side stream:
     # dh's programs hold their SMs by then, and x16 runs on the 4 left free for all of dh, the zeros behind grad_w2
@@ -630,7 +650,7 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
     store = [WS_BLOCK_M // 2, WS_STORE_WIDTH]
-    weight_grad_ws_kernel[(min(tiles, _multiprocessors(p.device)),)](
+    weight_grad_ws_kernel[(min(tiles, w.programs or _multiprocessors(p.device)),)](
         _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
         _gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), _gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
         _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
@@ -756,8 +776,12 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
         if gluon_weight_grad is not None:
             _check_resident_steps(gluon_weight_grad, sum(_steps(inputs["token_indices"].numel())))
+            if gluon_weight_grad.programs < 0:
+                raise ValueError(f"the weight gradient's programs must be 0 (one per SM) or more, not {gluon_weight_grad.programs}")
     if plan.x16_at == "after_gather" and (plan.dh_gathers_rows or not plan.grad_w2_on_side):
         raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
+    if plan.zeros_at == "after_dx" and (any(plan.dx_on_side) or plan.dx_grad_w13 is not None):
+        raise ValueError("zeros_at 'after_dx' runs the zeros behind dx on the caller's stream: both halves of dx must be there")
     if plan.zeros_at == "last" and plan.scatter_on_side:
         raise ValueError("zeros_at 'last' puts the zeros behind everything on the side stream, scatter_on_side's scatter too")
     if plan.dh_programmatic_launch and plan.dh_warp_specialized is None:
@@ -847,6 +871,8 @@ def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, cal
         if side_operands_ready is not None:
             caller.wait_event(side_operands_ready)  # the routing sums
         scatter(p)
+    if plan.zeros_at == "after_dx":
+        zero_unselected(p)
     caller_dx_done = _recorded_event(caller) if scatter_on_side else None
     if on_side:
         with _after(side, dh_done):
