@@ -327,26 +327,23 @@ def test_warp_specialized_weight_gradient_needs_a_gpu(interpreted, field: str) -
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
-def test_resident_b_weight_gradient_refuses_more_than_its_slab_holds(interpreted) -> None:
-    """B's resident slab holds four K steps of 64 tokens: a plan that asks for it at T > 256 fails before any launch."""
-    resident = interpreted.WarpSpecializedWeightGrad(4, b_resident=True)
-    plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=resident)
-    with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
-        run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
-
-
-def test_tiles_claimed_one_by_one_cannot_keep_b_resident(interpreted) -> None:
-    both = interpreted.WarpSpecializedWeightGrad(4, b_resident=True, dynamic=True)
-    plan = dataclasses.replace(small_plan(interpreted), grad_w13_warp_specialized=both)
-    with pytest.raises(ValueError, match="claimed one by one"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
-
-
-def test_weight_gradient_programs_must_not_be_negative(interpreted) -> None:
-    fewer = interpreted.WarpSpecializedWeightGrad(4, dynamic=True, programs=-1)
-    plan = dataclasses.replace(small_plan(interpreted), grad_w2_warp_specialized=fewer)
-    with pytest.raises(ValueError, match="programs must be 0"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+@pytest.mark.parametrize(
+    ("field", "options", "dims", "message"),
+    [
+        # B's resident slab holds four K steps of 64 tokens: asked for at T > 256
+        ("grad_w13_warp_specialized", {"b_resident": True}, Dims(300, 257, 32, 96), "resident B holds 4 K steps of 64 tokens, not 5"),
+        ("grad_w13_warp_specialized", {"b_resident": True, "dynamic": True}, Dims(16, 16, 32, 96), "claimed one by one"),
+        ("grad_w2_warp_specialized", {"dynamic": True, "programs": -1}, Dims(16, 16, 32, 96), "programs must be 0"),
+    ],
+    ids=["resident-slab-too-small", "claimed-and-resident", "negative-programs"],
+)  # fmt: skip
+def test_impossible_weight_gradient_configuration_is_refused(interpreted, field: str, options: dict, dims: Dims,
+                                                             message: str) -> None:  # fmt: skip
+    """A Gluon weight gradient configured beyond what its kernel can run fails with a clear error before any launch
+    (and before the check that the CPU interpreter cannot run Gluon kernels)."""
+    plan = dataclasses.replace(small_plan(interpreted), **{field: interpreted.WarpSpecializedWeightGrad(4, **options)})
+    with pytest.raises(ValueError, match=message):
+        run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
 
 
 @pytest.mark.parametrize("dx_to_rows", [False, True])
