@@ -364,6 +364,17 @@ def test_each_dynamic_launch_gets_its_own_counter(interpreted, dx_to_rows: bool)
         p.tile_counter()
 
 
+def test_more_counters_than_gather_programs_is_refused(interpreted) -> None:
+    """Each of the gather's first programs zeroes one counter: a call with more counters than the gather has programs
+    (128 padded rows x 1 column block here, against 3 tile counters and 126 arrivals) is refused, not left unzeroed."""
+    dims = Dims(37, 19, 32, 64)
+    inputs = interpreted_inputs(dims, torch.float32)
+    outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
+    interpreted.Problem(inputs, outputs, torch.float32, 2, 16, dx_to_rows=True, dx_tiles=125)
+    with pytest.raises(ValueError, match="128 programs zero the call's counters, one each: too few for 129"):
+        interpreted.Problem(inputs, outputs, torch.float32, 2, 16, dx_to_rows=True, dx_tiles=126)
+
+
 def test_grad_w2_last_step(interpreted) -> None:
     """The gather shifts ge's last block by the rows of grad_w2's last step: Triton's whole block_k, or the Gluon
     kernel's short step of 32 rows where at most 32 tokens are left, else its whole step of 64."""

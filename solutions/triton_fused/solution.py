@@ -306,10 +306,10 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dh's end, and the zeros first on the side stream, beside dh. dx reads the weights and grad_w1/grad_w3 writes
     # theirs; alone at T = 256 each runs 26% faster per SM on half the SMs than on all of them (dx 142.6 us on 64 SMs
     # against 90.7 on 128, grad_w1/grad_w3 170.0 on 66 against 107.4 on 132), and side by side they share the GPU's
-    # bound instead of taking turns at it (same-process A/B against the layout above, means of four, on three machines:
-    # T = 256 -5.9, -5.9, -5.3 and -5.3 us at B = 2048, 4096, 512 and 2053 with grad_w2 in 88 programs, -3.2 to -6.2
-    # in all 132; edges T = 225 -7.0, 256 (B = 999) -4.4; at T = 196 and 215, where the swap-AB dx and the resident B of
-    # grad_w1/grad_w3 pay, +17 to +20, so not the 224 bucket: v32).
+    # bound instead of taking turns at it (same-process A/B against the layout above, means of four: T = 256 -5.9,
+    # -5.9, -5.3 and -5.3 us at B = 2048, 4096, 512 and 2053 with grad_w2 in 88 programs, on one machine; -3.2 to -6.2
+    # in all 132, three runs on two machines; edges T = 225 -7.0, 256 (B = 999) -4.4; at T = 196 and 215, where the
+    # swap-AB dx and the resident B of grad_w1/grad_w3 pay, +17 to +20, so not the 224 bucket: v32).
     (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
                   grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
                   grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=88))),
@@ -355,8 +355,8 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # -9.8, 513 +8.3, 1024 -2.4; at T = 296 +0.4 and 336 +4.7 and +5.3, where x16 and the zeros behind grad_w2 then
     # reach grad_w1/grad_w3 later, so not the 320 and 384 buckets; v31).
     # The zeros on the caller's stream behind dx rather than on the side stream ahead of x16, which then no longer waits
-    # for them before grad_w1/grad_w3 (same-process A/B, means of three or four, five runs on two machines: T = 496 -5.3,
-    # -5.0, -5.1, -4.8 and -4.8 us, 512 -0.1, -0.1, +0.5, +0.3; edges T = 385 +0.2, 512 (B = 513) +0.7, 513 +1.4, 1024
+    # for them before grad_w1/grad_w3 (same-process A/B, means of three or four, four runs on one machine: T = 496
+    # -5.3, -5.0, -5.1 and -4.8 us, 512 -0.1, -0.1, +0.5, +0.3; edges T = 385 +0.2, 512 (B = 513) +0.7, 513 +1.4, 1024
     # -0.1; at 296 and 336 +0.1 to +0.4, so not the 320 and 384 buckets: v32).
     (1024, replace(_PLAN_512, grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True),
                    zeros_at="after_dx")),
@@ -473,6 +473,9 @@ class Problem:
         split_to_rows = self.dx_to_rows and self.dx_split > 1
         self.counters = torch.empty(TILE_COUNTERS + (self.dx_tiles if split_to_rows else 0), device=self.device,
                                     dtype=torch.int32)  # fmt: skip
+        if self.counters.numel() > self.rows * self.routing_chunks:
+            raise ValueError(f"the gather's {self.rows * self.routing_chunks} programs zero the call's counters, one each: "
+                             f"too few for {self.counters.numel()}")
         self.arrivals = self.counters[TILE_COUNTERS:] if split_to_rows else None
 
     def tile_counter(self) -> torch.Tensor:
@@ -632,9 +635,16 @@ def _check_dx_writes_rows(plan: Plan) -> None:
                          "one stream (equal dx_on_side) and leaves no scatter (not scatter_on_side)")
 
 
-def _check_resident_steps(w: WarpSpecializedWeightGrad, k_steps: int) -> None:
+def _check_weight_grad(w: WarpSpecializedWeightGrad, tokens: int) -> None:
+    """What the Gluon weight gradient can run: B's resident slab holds WS_RESIDENT_STEPS K steps, its runs of tiles
+    are dealt out in advance (not claimed), and its programs are one per SM (0) or a given count."""
+    k_steps = sum(_steps(tokens))
     if w.b_resident and k_steps > WS_RESIDENT_STEPS:
         raise ValueError(f"the weight gradient's resident B holds {WS_RESIDENT_STEPS} K steps of {WS_BLOCK_K} tokens, not {k_steps}")
+    if w.dynamic and w.b_resident:
+        raise ValueError("the weight gradient's tiles are claimed one by one (dynamic) or runs of them keep B resident")
+    if w.programs < 0:
+        raise ValueError(f"the weight gradient's programs must be 0 (one per SM) or more, not {w.programs}")
 
 
 def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: torch.Tensor, b: torch.Tensor,
@@ -643,9 +653,6 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     most that many tokens are left (a's rows past T are zeros, padded to ROW_PAD; b's too where it is padded, else its
     last step is read as the rows that end at T, as weight_grad_kernel reads it)."""
     full_steps, tail_steps = _steps(p.tokens)
-    _check_resident_steps(w, full_steps + tail_steps)
-    if w.dynamic and w.b_resident:
-        raise ValueError("the weight gradient's tiles are claimed one by one (dynamic) or runs of them keep B resident")
     _require_gpu(a, "weight gradient")
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
@@ -775,9 +782,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
         if gluon_weight_grad is not None:
-            _check_resident_steps(gluon_weight_grad, sum(_steps(inputs["token_indices"].numel())))
-            if gluon_weight_grad.programs < 0:
-                raise ValueError(f"the weight gradient's programs must be 0 (one per SM) or more, not {gluon_weight_grad.programs}")
+            _check_weight_grad(gluon_weight_grad, inputs["token_indices"].numel())
     if plan.x16_at == "after_gather" and (plan.dh_gathers_rows or not plan.grad_w2_on_side):
         raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
     if plan.zeros_at == "after_dx" and (any(plan.dx_on_side) or plan.dx_grad_w13 is not None):

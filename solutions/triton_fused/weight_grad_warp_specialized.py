@@ -74,7 +74,6 @@ from .gluon_common import (
     wgmma_layout,
 )
 
-
 # Slots for tile numbers on their way from the loader to the product warpgroups (DYNAMIC): the loader runs at most a
 # tile ahead of the products (its ring holds STAGES K steps, one tile's at T = 256), so two suffice.
 TILE_SLOTS = gl.constexpr(2)
