@@ -14,8 +14,8 @@ One module and one input set per workload: the plans differ only in what the var
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
 plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (benchmarks.sweep_triton_fused's
-gpu_time_us: L2 flushed before each call, a GPU spin ahead of each batch). Rows are appended to --out (JSON lines)
-after a provenance header.
+gpu_time_us: L2 flushed before each call, a GPU spin ahead of each batch). Each invocation appends a provenance
+header and then its rows to --out (JSON lines), so several invocations can share one file.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def main() -> None:
     variants = dict(parse_variant(text, module) for text in args.variant)
     device = torch.device("cuda")
     out = Path(args.out)
-    out.write_text(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
+    with out.open("a") as handle:  # several invocations may share one file: each adds its header and rows
+        handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
     suite = load_named_suite(args.suite).workloads
     for index in (int(i) for i in args.workloads.split(",")):
         workload = suite[index]

@@ -13,7 +13,7 @@ Each call runs as the harness times it: after warm-up calls, with the L2 flushed
 spin ahead of it, so that every launch is queued before the first kernel starts. The times are CUPTI's kernel
 records through torch.profiler, in microseconds from the call's first kernel; the stream is "caller" for the
 stream the call was issued on (the solution's caller) and "side" for any other. Kernels of the same name are told
-apart by their launch grid. Rows are appended to --out (JSON lines) after a provenance header.
+apart by their launch grid. Each invocation appends a provenance header and then its rows to --out (JSON lines).
 
 Each workload's bucket plan is profiled, and each --variant of it (the syntax of benchmarks/plan_ab_triton_fused.py),
 --calls times each: the order in which two streams' kernels take the SMs can differ from call to call (at T = 296-496
@@ -103,7 +103,8 @@ def main() -> None:
         workloads = [(i, w) for i, w in workloads if i in chosen]
     out = Path(args.out)
     header = collect(device, read_clocks(device)).model_dump(mode="json")
-    out.write_text(json.dumps(header) + "\n")
+    with out.open("a") as handle:  # several invocations may share one file: each adds its header and rows
+        handle.write(json.dumps(header) + "\n")
     for index, workload in workloads:
         dims: Dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
