@@ -121,9 +121,6 @@ class WarpSpecializedWeightGrad:
     # Persistent programs: 0 = one per SM; fewer leave SMs to a kernel on the other stream that is issued after it
     # but should start beside it (the tiles claimed one by one, so that the programs share them as they free up).
     programs: int = 0
-    # The output by plain global stores from registers rather than by TMA through staging buffers, whose 32 KB go to
-    # operand stages instead (the stages field counts them) and which nothing waits for.
-    plain_stores: bool = False
 
 
 @dataclass(frozen=True)
@@ -663,10 +660,11 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     weight_grad_ws_kernel[(min(tiles, w.programs or _multiprocessors(p.device)),)](
         _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
         _gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), _gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
-        _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store), c,
-        c if c_high is None else c_high, p.tile_counter() if w.dynamic else p.counters, m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps,
+        _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
+        p.tile_counter() if w.dynamic else p.counters, m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps,
         tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
-        DYNAMIC=w.dynamic, PLAIN_STORES=w.plain_stores, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
+        DYNAMIC=w.dynamic,
+        PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 
 

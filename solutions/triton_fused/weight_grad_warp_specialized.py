@@ -256,9 +256,8 @@ def _take_tile(tile_ids, tile_ready, tile_free, j, num_warps: gl.constexpr):
 
 @gluon.jit
 def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free, staging, c_desc,
-              c_high_desc, c_ptr, c_high_ptr, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr,
-              BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr, PLAIN_STORES: gl.constexpr,
-              WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+              c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
+              B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each of this program's tiles (_product_tile):
     the tiles dealt out in advance, or with DYNAMIC the tile numbers the loader claims, until it hands over the tile
     count."""
@@ -272,9 +271,8 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, til
         tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
         while tile < num_tiles:
             step, slab = _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc,
-                                       c_ptr, c_high_ptr, tile, j, 0, step, slab, M, N, HIGH_FROM, FULL_STEPS,
-                                       TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, PLAIN_STORES, WARPGROUP,
-                                       num_warps)  # fmt: skip
+                                       tile, j, 0, step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
+                                       B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
             j += 1
             tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
     else:
@@ -287,18 +285,15 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, til
             stride = gl.num_programs(0)
         for j in range(my_tiles):
             step, slab = _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc,
-                                       c_ptr, c_high_ptr, first + j * stride, j, my_tiles, step, slab, M, N, HIGH_FROM,
-                                       FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, PLAIN_STORES, WARPGROUP,
-                                       num_warps)  # fmt: skip
-    if not PLAIN_STORES:
-        tma.store_wait(0)
+                                       first + j * stride, j, my_tiles, step, slab, M, N, HIGH_FROM, FULL_STEPS,
+                                       TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+    tma.store_wait(0)
 
 
 @gluon.jit
-def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, c_ptr, c_high_ptr,
-                  tile, j, my_tiles, step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr,
-                  BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr, PLAIN_STORES: gl.constexpr, WARPGROUP: gl.constexpr,
-                  num_warps: gl.constexpr):  # fmt: skip
+def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, my_tiles,
+                  step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
+                  B_RESIDENT: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """This warpgroup's 64 rows of `tile` (the program's j-th of my_tiles): acc = A block^T @ B block over the tile's K
     steps (a short last one of TAIL rows where TAIL_STEPS = 1), then the half tile in bf16 through this warpgroup's
     staging buffer (PIECES blocks of c_desc at a time) and out by TMA. Nothing here waits for the other warpgroup, so
@@ -307,7 +302,10 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
     products. Returns the ring's step count and the slab count after the tile."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
-    ROWS: gl.constexpr = BLOCK_M // 2
+    PIECES: gl.constexpr = staging.shape[0]
+    ROWS: gl.constexpr = staging.shape[1]
+    WIDTH: gl.constexpr = staging.shape[2]
+    ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     num_m = gl.cdiv(M, BLOCK_M)
     tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN or B_RESIDENT)
@@ -349,52 +347,28 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
     if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
         if _ends_slab(j, my_tiles, tile, num_m):
             mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
-    if PLAIN_STORES:
-        _store_plain(acc, c_ptr, c_high_ptr, tile_m, off_m, off_n, M, N, HIGH_FROM, mma_layout)
-    else:
-        PIECES: gl.constexpr = staging.shape[0]
-        WIDTH: gl.constexpr = staging.shape[2]
-        ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
-        pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
-        for r in gl.static_range(ROUNDS):
-            tma.store_wait(0)
-            gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+    pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
+    for r in gl.static_range(ROUNDS):
+        tma.store_wait(0)
+        gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+        for i in gl.static_range(PIECES):
+            staging.index(i).store(pieces[r * PIECES + i])
+        fence_async_shared()
+        gl.thread_barrier()
+        # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
+        if tile_m < HIGH_FROM:
             for i in gl.static_range(PIECES):
-                staging.index(i).store(pieces[r * PIECES + i])
-            fence_async_shared()
-            gl.thread_barrier()
-            # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
-            if tile_m < HIGH_FROM:
-                for i in gl.static_range(PIECES):
-                    tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (r * PIECES + i) * WIDTH], staging.index(i))
-            else:
-                for i in gl.static_range(PIECES):
-                    tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (r * PIECES + i) * WIDTH],
-                                                    staging.index(i))  # fmt: skip
+                tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (r * PIECES + i) * WIDTH], staging.index(i))
+        else:
+            for i in gl.static_range(PIECES):
+                tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (r * PIECES + i) * WIDTH],
+                                                staging.index(i))  # fmt: skip
     return step, slab
-
-
-@gluon.jit
-def _store_plain(acc, c_ptr, c_high_ptr, tile_m, off_m, off_n, M, N, HIGH_FROM, layout: gl.constexpr):
-    """This warpgroup's rows of the tile in bf16 straight from registers by plain global stores (no staging buffer:
-    nothing waits for the stores), rows past the output's end and columns past N masked."""
-    ROWS: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    values = acc.to(c_ptr.dtype.element_ty)
-    if tile_m < HIGH_FROM:
-        mask = ((off_m + rows) < HIGH_FROM)[:, None] & (cols < N)[None, :]
-        gl.store(c_ptr + (off_m + rows)[:, None] * N + cols[None, :], values, mask=mask)
-    else:
-        first = off_m - HIGH_FROM
-        mask = ((first + rows) < M - HIGH_FROM)[:, None] & (cols < N)[None, :]
-        gl.store(c_high_ptr + (first + rows)[:, None] * N + cols[None, :], values, mask=mask)
 
 
 @gluon.jit(do_not_specialize=["tile_counter", "B_ROWS", "FULL_STEPS", "TAIL_STEPS"])
 def weight_grad_ws_kernel(
-    a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc, c_ptr, c_high_ptr, tile_counter,
+    a_desc, b_desc, a_tail_desc, b_tail_desc, c_desc, c_high_desc, tile_counter,
     M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
     STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     BY_COLUMN: gl.constexpr,  # the tiles column by column (else row by row)
@@ -405,9 +379,6 @@ def weight_grad_ws_kernel(
     # The tiles claimed one at a time from tile_counter (an int32 in global memory, zero at launch) by each program's
     # loader as it is ready for the next, in the same order, rather than dealt out in advance (not with SLAB_STEPS).
     DYNAMIC: gl.constexpr,
-    # The output straight from registers by plain stores (c_ptr, c_high_ptr) instead of through staging buffers by
-    # TMA: the staging's 32 KB go to operand stages, and no product warpgroup waits for its stores.
-    PLAIN_STORES: gl.constexpr,
     PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
     num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
 ):  # fmt: skip
@@ -435,13 +406,8 @@ def weight_grad_ws_kernel(
     # Half a warpgroup's columns per round: staging the whole 64 x 256 would cost an operand stage (3 stages with
     # full-width staging: 3-16% slower alone at T = 196-2048).
     staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
-    if PLAIN_STORES:  # unused placeholders: a partition's arguments must be values
-        placeholder: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        staging = gl.allocate_shared_memory(c_desc.dtype, [1, 8, 8], placeholder)
-        staging_second = gl.allocate_shared_memory(c_desc.dtype, [1, 8, 8], placeholder)
-    else:
-        staging = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
-        staging_second = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
+    staging = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
+    staging_second = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
     # With DYNAMIC, the loader's claimed tile numbers on their way to the product warpgroups: TILE_SLOTS slots, each
     # with a `tile_ready` barrier (the loader has written it) and a `tile_free` one (both warpgroups have read it).
     tile_ids = gl.allocate_shared_memory(gl.int32, [TILE_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -454,11 +420,11 @@ def weight_grad_ws_kernel(
     gl.warp_specialize(
         [
             (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free, staging,
-                         c_desc, c_high_desc, c_ptr, c_high_ptr, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL,
-                         BY_COLUMN, B_RESIDENT, DYNAMIC, PLAIN_STORES, 0, num_warps)),
+                         c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT,
+                         DYNAMIC, 0, num_warps)),
             (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free,
-                         staging_second, c_desc, c_high_desc, c_ptr, c_high_ptr, M, N, HIGH_FROM, FULL_STEPS,
-                         TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, DYNAMIC, PLAIN_STORES, 1, 4)),
+                         staging_second, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
+                         B_RESIDENT, DYNAMIC, 1, 4)),
             (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready,
                               slab_free, tile_counter, tile_ids, tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS,
                               TAIL_STEPS, BY_COLUMN, B_RESIDENT, DYNAMIC)),
