@@ -622,8 +622,9 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     """grad_w2 by the Gluon kernel, whose last step (short where at most 32 tokens are left) reads gated_output's rows
     that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the same
     order, less zero rows), in either tile order, its tiles dealt out in advance or claimed one by one, on every call,
-    also in 88 programs rather than one per SM, and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48: a whole last step, shifted),
-    296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short step alone)."""
+    also in 88 programs rather than one per SM, and every other output is unchanged. T = 196 (4 tokens past 192),
+    215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short
+    step alone)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
