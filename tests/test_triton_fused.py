@@ -253,9 +253,14 @@ def test_split_k_partials_sum_in_fixed_order(interpreted, dx_split: int) -> None
 def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
     """dx in one launch over both halves into the selected rows (Plan.dx_writes_rows: unsplit, or the last of a tile's
     split programs adds the partials; no scatter, the routing weights finished behind routing_x16): every output
-    matches the reference, the unselected rows are zeros, on one stream or with dx on the side stream."""
-    for dx_split, dx_on_side in ((1, (False, False)), (1, (True, True)), (2, (True, True)), (3, (False, False))):
-        plan = dataclasses.replace(small_plan(interpreted, dx_split=dx_split), dx_writes_rows=True, dx_on_side=dx_on_side)
+    matches the reference, the unselected rows are zeros, on one stream or with dx on the side stream, and with the
+    gather first on the side stream where dh gathers its own rows (the 256 bucket's layout: dx's arrival counters,
+    which the gather zeroes, are then another stream's)."""
+    layouts = ((1, (False, False), False), (1, (True, True), False), (2, (True, True), False), (3, (False, False), False),
+               (2, (False, False), True))  # fmt: skip
+    for dx_split, dx_on_side, dh_gathers_rows in layouts:
+        plan = dataclasses.replace(small_plan(interpreted, dx_split=dx_split), dx_writes_rows=True, dx_on_side=dx_on_side,
+                                   dh_gathers_rows=dh_gathers_rows)
         outputs, expected = run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
         assert_match_in_float32(outputs, expected)
 
@@ -267,7 +272,7 @@ def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
         ({"scatter_on_side": True}, "no scatter"),
         ({"dx_swap_ab": ((64,), 2)}, "Triton's dx kernel"),
     ],
-    ids=["halves-on-two-streams", "scatter-on-side", "gluon-dx"],
+    ids=["halves-on-two-streams", "scatter-on-side", "swap-ab-dx"],
 )  # fmt: skip
 def test_dx_into_rows_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
     if "dx_swap_ab" in changes:
@@ -574,10 +579,11 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     kernel), zero_unselected and routing_x16 where Plan.x16_at and Plan.zeros_at put them, or all of it on the caller's
     stream, and the Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits
     (a missing wait between the streams, or in dh for the gather, would read a buffer before it is written), as must
-    the Gluon dh on fewer programs than SMs (WarpSpecializedDh.fewest_programs). T = 215: Triton's dh gathering its
-    own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 256: dx behind dh beside the weight gradients claiming
-    their tiles on the side stream, grad_w2 in fewer programs than SMs; T = 336: the Gluon dh, the swap-AB dx, scatter
-    behind it (and the zeros behind it)."""
+    the Gluon dh on fewer programs than SMs (WarpSpecializedDh.fewest_programs) and the Gluon dx storing the selected
+    rows itself or leaving them to scatter (Plan.dx_writes_rows: the same fp32 sum of its two partials). T = 215:
+    Triton's dh gathering its own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 256: dx behind dh beside the
+    weight gradients claiming their tiles on the side stream, grad_w2 in fewer programs than SMs; T = 336: the Gluon dh,
+    the swap-AB dx, scatter behind it (and the zeros behind it)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
@@ -587,7 +593,11 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
                             scatter_after_dx=False)
         for dx_on_side, grad_w13_on_side in (((False, False), True), ((True, True), False), ((True, False), False), ((False, True), True))
         for scatter_on_side in (False, True)
+        # dx into the rows takes both halves on one stream and leaves no scatter
+        if not plan.dx_writes_rows or (dx_on_side[0] == dx_on_side[1] and not scatter_on_side)
     ]
+    if plan.dx_warp_specialized:
+        layouts.append(dataclasses.replace(plan, dx_writes_rows=not plan.dx_writes_rows))
     layouts.append(dataclasses.replace(plan, grad_w2_on_side=False))  # grad_w2 on the caller's stream waits for ge
     if plan.dh_warp_specialized is None:
         layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))

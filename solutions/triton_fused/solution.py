@@ -209,9 +209,10 @@ class Plan:
     # fewest_programs grid leaves free (T = 2048: dh starts at 20 us instead of 41). "after_dh": once dh is done, so
     # that nothing delays dh (from T = 257, where only the gather runs ahead of it).
     x16_at: X16At = "start"
-    # dx as one launch of Triton's kernel over both halves of K = 2F that stores each tile into the selected rows of
-    # grad_hidden_states (split, the last of a tile's programs adds their partials): no scatter at the end of the
-    # call, whose routing weights are finished right behind routing_x16 instead. Both halves on one stream.
+    # dx as one launch over both halves of K = 2F that stores each tile into the selected rows of grad_hidden_states
+    # (Triton's kernel, split or not, or the warp-specialised Gluon kernel, whose programs each take one half: the last
+    # of a tile's programs adds their partials): no scatter at the end of the call, whose routing weights are finished
+    # right behind routing_x16 instead. Both halves on one stream.
     dx_writes_rows: bool = False
     # Where zero_unselected (the rows and routing entries no token selects, which only the end of the call needs) runs:
     # on the side stream "start", "after_grad_w2", "after_dh" (ahead of x16 when that is after dh too), or "last",
@@ -312,7 +313,8 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # swap-AB dx and the resident B of grad_w1/grad_w3 pay, +17 to +20, so not the 224 bucket: v32).
     (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
                   grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
-                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=88))),
+                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=88),
+                  dx_writes_rows=True)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
     # v18's dh this layout also pays at T = 496, -7.2 and -7.9 us in two A/B runs, and is even at 512: +0.3, -0.4).
@@ -447,7 +449,10 @@ class Problem:
     k_step: int  # the rows of grad_w2's last K step (grad_w2_last_step): the gather shifts ge's last block of that many
     low_copy: bool = True  # dd_low, the bf16 copy of dd (where needs_low_copy says; None without)
     dx_to_rows: bool = False  # Plan.dx_writes_rows: dx stores the rows; the routing weights finished after routing_x16
-    dx_tiles: int = 0  # dx's output tiles: with dx_to_rows and a split, one arrival counter each (dx_kernel)
+    dx_tiles: int = 0  # dx's output tiles: with dx_to_rows and more than one partial, one arrival counter each
+    # Each of dx's programs sums both halves of K (Triton's dx into the rows): one partial per slice of the split
+    # rather than per half and slice
+    dx_sums_halves: bool = False
     # Launches of the Gluon weight gradient so far in this call that claim their tiles, each from its own counter
     weight_grad_launches: int = field(default=0, init=False)
 
@@ -465,12 +470,13 @@ class Problem:
         self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
         self.dd = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
         self.dd_low = torch.empty_like(self.dd, dtype=operand) if self.low_copy else None
-        # one partial per half and slice of K; dx into the rows takes both halves per slice, and needs none unsplit
-        partials = self.dx_split if self.dx_to_rows else 2 * self.dx_split
+        # one partial per half and slice of K, or per slice where a program sums both halves; none for a single one
+        # that dx stores into the rows itself
+        partials = self.dx_split if self.dx_sums_halves else 2 * self.dx_split
         self.partials = torch.empty(partials, self.tokens, hidden, device=self.device, dtype=operand) if partials > 1 else None
         # The call's counters, which the gather (the first kernel on either stream) zeroes: the dynamic Gluon weight
-        # gradient's tile claims, one per launch, then dx's arrivals (with dx_to_rows and a split)
-        split_to_rows = self.dx_to_rows and self.dx_split > 1
+        # gradient's tile claims, one per launch, then dx's arrivals (with dx_to_rows and more than one partial)
+        split_to_rows = self.dx_to_rows and partials > 1
         self.counters = torch.empty(TILE_COUNTERS + (self.dx_tiles if split_to_rows else 0), device=self.device,
                                     dtype=torch.int32)  # fmt: skip
         if self.counters.numel() > self.rows * self.routing_chunks:
@@ -627,9 +633,11 @@ def _check_dx_grad_w13(plan: Plan, tokens: int, ffn: int) -> None:
 
 
 def _check_dx_writes_rows(plan: Plan) -> None:
-    """dx into the rows of grad_hidden_states is Triton's kernel in one launch over both halves (split or not)."""
-    if plan.dx_warp_specialized or plan.dx_swap_ab or plan.dx_grad_w13:
-        raise ValueError("dx into the rows of grad_hidden_states (dx_writes_rows) is Triton's dx kernel: not with a Gluon dx")
+    """dx into the rows of grad_hidden_states is Triton's kernel or the warp-specialised Gluon one, in one launch over
+    both halves."""
+    if plan.dx_swap_ab or plan.dx_grad_w13:
+        raise ValueError("dx into the rows of grad_hidden_states (dx_writes_rows) is Triton's dx kernel or the "
+                         "warp-specialised one: not the swap-AB dx or dx with grad_w1/grad_w3")
     if plan.dx_on_side[0] != plan.dx_on_side[1] or plan.scatter_on_side:
         raise ValueError("dx into the rows of grad_hidden_states (dx_writes_rows) takes both halves of K in one launch on "
                          "one stream (equal dx_on_side) and leaves no scatter (not scatter_on_side)")
@@ -709,12 +717,16 @@ def _dx_operands(p: Problem, t: Tile, half: int) -> tuple[TensorDescriptor, Tens
 
 def _dx_warp_specialized(p: Problem, t: Tile, tiles: int, halves: Sequence[int]) -> None:
     _require_gpu(p.dd, "dx")
+    if p.dx_to_rows and list(halves) not in ([], [0, 1]):
+        raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch")
     dd = _gluon_descriptor(p.dd, [t.block_m, t.block_k])
     w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight"))
+    rows = p.outputs["grad_hidden_states"]
     for first, count in _launches(halves):
         dx_ws_kernel[(tiles, count * p.dx_split)](
-            dd, w1, w3, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
-            STAGES=t.num_stages, num_warps=t.num_warps,
+            dd, w1, w3, p.partials, rows if p.arrivals is None else p.arrivals, p.inputs["token_indices"], rows,
+            p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
+            STAGES=t.num_stages, TO_ROWS=p.dx_to_rows, num_warps=t.num_warps,
         )  # fmt: skip
 
 
@@ -770,7 +782,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     inputs = dict(zip(INPUT_NAMES, tensors[:12]))
     outputs = dict(zip(OUTPUT_NAMES, tensors[12:]))
     hidden, ffn = inputs["grad_output"].shape[1], inputs["w1_weight"].shape[0]
-    plan = plan or plan_for(inputs["token_indices"].numel())
+    tokens = inputs["token_indices"].numel()
+    plan = plan or plan_for(tokens)
     if hidden % plan.dh.block_k or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
@@ -782,7 +795,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         raise ValueError("the warp-specialised dh reads the gathered copy of g: it cannot gather its own rows")
     for gluon_weight_grad in (plan.grad_w13_warp_specialized, plan.grad_w2_warp_specialized):
         if gluon_weight_grad is not None:
-            _check_weight_grad(gluon_weight_grad, inputs["token_indices"].numel())
+            _check_weight_grad(gluon_weight_grad, tokens)
     if plan.x16_at == "after_gather" and (plan.dh_gathers_rows or not plan.grad_w2_on_side):
         raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
     if plan.zeros_at == "after_dx" and (any(plan.dx_on_side) or plan.dx_grad_w13 is not None):
@@ -798,7 +811,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         if not 1 <= len(chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in chunks):
             raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {chunks}")
     if plan.dx_grad_w13 is not None:
-        _check_dx_grad_w13(plan, inputs["token_indices"].numel(), ffn)
+        _check_dx_grad_w13(plan, tokens, ffn)
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     if plan.dx_writes_rows:
@@ -806,10 +819,10 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if plan.scatter_after_dx and (any(plan.dx_on_side) or plan.scatter_on_side or plan.dx_writes_rows or plan.dx_grad_w13):
         raise ValueError("scatter_after_dx runs scatter behind both halves of dx on the caller's stream: not with dx on the "
                          "side stream, scatter_on_side, dx_writes_rows or dx_grad_w13")
-    tokens = inputs["token_indices"].numel()
     p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, tokens),
                 needs_low_copy(plan), plan.dx_writes_rows,
-                triton.cdiv(tokens, plan.dx.block_m) * triton.cdiv(hidden, plan.dx.block_n))  # fmt: skip
+                triton.cdiv(tokens, plan.dx.block_m) * triton.cdiv(hidden, plan.dx.block_n),
+                dx_sums_halves=plan.dx_writes_rows and not plan.dx_warp_specialized)  # fmt: skip
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
     # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
@@ -821,6 +834,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, True):
         if plan.dh_gathers_rows:
             gather(p, write_g=False)
+        counters_zeroed = _recorded_event(side) if plan.dh_gathers_rows else None
         if plan.zeros_at == "start":
             zero_unselected(p)
         if plan.x16_at == "start":
@@ -850,6 +864,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
                 routing_x16(p)
                 side_operands_ready = _recorded_event(side)
     scatter_on_side = side is not None and plan.scatter_on_side and plan.dx_grad_w13 is None
+    if p.arrivals is not None and counters_zeroed is not None:
+        caller.wait_event(counters_zeroed)  # dx's arrival counters, which the gather on the side stream zeroes
     if plan.dx_grad_w13 is not None:
         if side_operands_ready is not None:
             caller.wait_event(side_operands_ready)
