@@ -740,6 +740,24 @@ def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) ->
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dims", [Dims(2048, 256), Dims(600, 240)], ids=lambda d: f"T{d.num_tokens}")
+def test_warp_specialized_dx_into_the_rows_gives_the_scatters_bits(dims: Dims) -> None:
+    """The warp-specialised Gluon dx (224 < T <= 256) stores the selected rows itself (Plan.dx_writes_rows: the last of
+    a tile's two programs to arrive adds the partials in fixed order) with the bits of scatter_kernel's sum, on every
+    call (the arrival counters, which the gather zeroes, must not carry over)."""
+    module = solution_module()
+    inputs = generate_inputs(dims, 0, "cuda")
+    outputs = list(cuda_outputs(dims).values())
+    plan = module.plan_for(dims.num_tokens)
+    assert plan.dx_warp_specialized
+    rows = dataclasses.replace(plan, dx_writes_rows=True)
+    scatter, *calls = outputs_by_plan(module, inputs, outputs, (dataclasses.replace(plan, dx_writes_rows=False), rows, rows, rows))
+    for call in calls:
+        for spec, want, got in zip(OUTPUTS, scatter, call):
+            assert torch.equal(got, want), spec.name
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     ("dims", "chunks", "stages"),
     [

@@ -37,6 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_common import (
+    finish_rows,
     load_weight_block,
     operand_ring,
     release_stage,
@@ -79,7 +80,7 @@ def _products(a_bufs, b_bufs, ready, empty, partials, arrivals, token_indices, g
               FIRST_SPLIT, TO_ROWS: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Default partition: acc = bf16(dd block) @ weight block over the K steps, two steps per pass (A register sets
     a0 and a1), then the tile's rows below T into its partial (and with TO_ROWS, if this program is the tile's last,
-    the sum of the tile's partials into the selected rows: _finish_rows)."""
+    the sum of the tile's partials into the selected rows: gluon_common.finish_rows)."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
@@ -115,50 +116,9 @@ def _products(a_bufs, b_bufs, ready, empty, partials, arrivals, token_indices, g
     mask = (rows < T)[:, None] & (cols < H)[None, :]
     out = partials + ((FIRST_SPLIT + gl.program_id(1)) * T + rows)[:, None] * H + cols[None, :]
     gl.store(out, partial, mask=mask)
-    if TO_ROWS:
-        _finish_rows(partials, arrivals, token_indices, grad_hidden_states, rows, cols, mask, T, H, out_layout, num_warps)
-
-
-# The arrival on a tile's counter: the one thread whose flag is set adds 1 (acquire-release, so that the partials
-# stored before it are seen by whichever program arrives last, and that one sees all of theirs); every thread returns
-# the count before it, or 0.
-_ARRIVE_ASM = gl.constexpr("""{
-    .reg .pred chosen;
-    setp.ne.u32 chosen, $2, 0;
-    mov.u32 $0, 0;
-    @chosen atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;
-}""")
-
-
-@gluon.jit
-def _arrive(counter, num_warps: gl.constexpr):
-    """Count this program in on `counter`: one atomic add for the whole partition, by its first thread, after a barrier
-    of its warps (so every warp's stores come before it); the count before this arrival, in every thread."""
-    gl.thread_barrier()
-    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # one element per thread
-    warp = gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout))[:, None]
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))[None, :]
-    first = ((warp == 0) & (lane == 0)).to(gl.int32)
-    old = gl.inline_asm_elementwise(_ARRIVE_ASM, "=r,l,r", [counter + first * 0, first], dtype=gl.int32, is_pure=False,
-                                    pack=1)  # fmt: skip
-    return gl.max(gl.max(old, axis=1), axis=0)
-
-
-@gluon.jit
-def _finish_rows(partials, arrivals, token_indices, grad_hidden_states, rows, cols, mask, T, H, layout: gl.constexpr,
-                 num_warps: gl.constexpr):  # fmt: skip
-    """The last of a tile's programs to arrive (all of its slices of K, axis 1 of the grid) adds the tile's partials in
-    fixed order, as scatter_kernel would, and stores the sums rounded to bf16 into rows token_indices[t] of
-    grad_hidden_states. The partials are read from L2 (.cg): this SM's L1 never held them."""
-    slices = gl.num_programs(1)
-    if _arrive(arrivals + gl.program_id(0), num_warps) == slices - 1:
-        total = gl.zeros(mask.shape, dtype=gl.float32, layout=layout)
-        for s in range(slices):
-            theirs = partials + (s * T + rows)[:, None] * H + cols[None, :]
-            total += gl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
-        selected = gl.load(token_indices + rows, mask=rows < T, other=0)
-        out = grad_hidden_states + selected[:, None] * H + cols[None, :]
-        gl.store(out, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
+    if TO_ROWS:  # the tile's programs: one per slice of K
+        finish_rows(partials, arrivals, token_indices, grad_hidden_states, rows, cols, T, H, gl.num_programs(1),
+                    out_layout, num_warps)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["T", "FIRST_SPLIT"])
