@@ -270,13 +270,16 @@ def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
     [
         ({"dx_on_side": (True, False)}, "one stream"),
         ({"scatter_on_side": True}, "no scatter"),
-        ({"dx_swap_ab": ((64,), 2)}, "Triton's dx kernel"),
+        ({"dx_swap_ab": ((64,), 2)}, "not the swap-AB dx"),
+        ({"dx_grad_w13": (4,)}, "or dx with grad_w1/grad_w3"),
     ],
-    ids=["halves-on-two-streams", "scatter-on-side", "swap-ab-dx"],
+    ids=["halves-on-two-streams", "scatter-on-side", "swap-ab-dx", "dx-with-weight-gradients"],
 )  # fmt: skip
 def test_dx_into_rows_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
     if "dx_swap_ab" in changes:
         changes = {"dx_swap_ab": interpreted.SwapAbDx(*changes["dx_swap_ab"])}
+    if "dx_grad_w13" in changes:
+        changes = {"dx_grad_w13": interpreted.WarpSpecializedDxGradW13(*changes["dx_grad_w13"])}
     plan = dataclasses.replace(small_plan(interpreted, dx_split=1), dx_writes_rows=True, **changes)
     with pytest.raises(ValueError, match=message):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)

@@ -21,8 +21,13 @@ completes the wgmma two steps back (an odd last step takes the first set).
 
 Split-K as in Triton's kernel: axis 1 of the grid takes K_PER_SPLIT columns of the 2F (whole K steps, none
 straddling F) into partial FIRST_SPLIT + axis 1, each stored rounded to the partials' dtype (bf16), and
-scatter_kernel adds the partials in a fixed order. Rows of dd past T may hold anything: they reach only rows of
-the partials past T, which are not stored.
+scatter_kernel adds the partials in a fixed order. With TO_ROWS (one launch over all the slices) the last of a tile's
+programs to arrive on the tile's counter adds them itself, in the same order and to the same bits, and stores the
+selected rows of grad_hidden_states: no scatter at the end of the call (T = 256: -3.4 to -3.8 us in the whole
+backward; docs/performance.md, v34). The partial leaves wgmma's layout for one whose warps store whole rows (each
+warp's store otherwise touches 8 rows, 16 bytes each): stored so, the last program's wait for its stores and its
+reads of the partials cost 10-12 us more per call. Rows of dd past T may hold anything: they reach only rows of the
+partials past T, which are not stored.
 
 Precision: dd's fp16 values (rounded once from the fp32 SwiGLU backward) are rounded to bf16, the operand dtype of
 dx that the tolerance admits (SPEC section 4); the product accumulates in fp32. bf16(fp16(x)) can differ from the
@@ -37,7 +42,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_common import (
-    finish_rows,
     load_weight_block,
     operand_ring,
     release_stage,
@@ -80,7 +84,7 @@ def _products(a_bufs, b_bufs, ready, empty, partials, arrivals, token_indices, g
               FIRST_SPLIT, TO_ROWS: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Default partition: acc = bf16(dd block) @ weight block over the K steps, two steps per pass (A register sets
     a0 and a1), then the tile's rows below T into its partial (and with TO_ROWS, if this program is the tile's last,
-    the sum of the tile's partials into the selected rows: gluon_common.finish_rows)."""
+    the sum of the tile's partials into the selected rows: _add_partials_into_rows)."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
@@ -106,8 +110,7 @@ def _products(a_bufs, b_bufs, ready, empty, partials, arrivals, token_indices, g
             release_stage(empty, steps - 2)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     release_stage(empty, steps - 1)
-    # Out of wgmma's layout (a warp's store touches 8 rows, 16 bytes each) into one whose warp stores 512 contiguous
-    # bytes of a row: the partial's stores, and with TO_ROWS the loads and row stores, coalesce.
+    # Out of wgmma's layout into one whose warp stores 512 contiguous bytes of a row (module docstring).
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
     partial = gl.convert_layout(acc.to(partials.dtype.element_ty), out_layout)
     num_m = gl.cdiv(T, BLOCK_M)
@@ -116,9 +119,50 @@ def _products(a_bufs, b_bufs, ready, empty, partials, arrivals, token_indices, g
     mask = (rows < T)[:, None] & (cols < H)[None, :]
     out = partials + ((FIRST_SPLIT + gl.program_id(1)) * T + rows)[:, None] * H + cols[None, :]
     gl.store(out, partial, mask=mask)
-    if TO_ROWS:  # the tile's programs: one per slice of K
-        finish_rows(partials, arrivals, token_indices, grad_hidden_states, rows, cols, T, H, gl.num_programs(1),
-                    out_layout, num_warps)  # fmt: skip
+    if TO_ROWS:  # noqa: SIM102 (a compile-time branch around a run-time one); the tile's programs: one per slice of K
+        if _arrives_last(arrivals + gl.program_id(0), gl.num_programs(1), num_warps):
+            _add_partials_into_rows(partials, token_indices, grad_hidden_states, rows, cols, T, H, out_layout)
+
+
+# The arrival on a counter: the one thread whose flag is set adds 1 (acquire-release, so that the partials stored
+# before it are seen by whichever program arrives last, and that one sees all of theirs); every thread returns the
+# count before it, or 0.
+_ARRIVE_ASM = gl.constexpr("""{
+    .reg .pred chosen;
+    setp.ne.u32 chosen, $2, 0;
+    mov.u32 $0, 0;
+    @chosen atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;
+}""")
+
+
+@gluon.jit
+def _arrives_last(counter, ARRIVALS, num_warps: gl.constexpr):
+    """Count the calling partition in on `counter` (a dx tile's counter, zeroed by gather_kernel) once the stores of its
+    partial are issued: one atomic add by its first thread, after a barrier of its warps, so that every warp's stores
+    come before it. Whether it was the last of ARRIVALS (then it adds the tile's partials: _add_partials_into_rows)."""
+    gl.thread_barrier()
+    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # one element per thread
+    warp = gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout))[:, None]
+    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))[None, :]
+    first = ((warp == 0) & (lane == 0)).to(gl.int32)
+    old = gl.inline_asm_elementwise(_ARRIVE_ASM, "=r,l,r", [counter + first * 0, first], dtype=gl.int32, is_pure=False,
+                                    pack=1)  # fmt: skip
+    return gl.max(gl.max(old, axis=1), axis=0) == ARRIVALS - 1
+
+
+@gluon.jit
+def _add_partials_into_rows(partials, token_indices, grad_hidden_states, rows, cols, T, H, layout: gl.constexpr):
+    """dx's (T, H) partials (one per slice of K) over `rows` x `cols` (in `layout`; rows from T on are left out) added
+    in fixed order in fp32, as scatter_kernel would, and stored rounded to bf16 into rows token_indices[t] of
+    grad_hidden_states. The partials are read from L2 (.cg): this SM's L1 never held them."""
+    mask = (rows < T)[:, None] & (cols < H)[None, :]
+    total = gl.zeros(mask.shape, dtype=gl.float32, layout=layout)
+    for s in range(gl.num_programs(1)):
+        theirs = partials + (s * T + rows)[:, None] * H + cols[None, :]
+        total += gl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+    selected = gl.load(token_indices + rows, mask=rows < T, other=0)
+    out = grad_hidden_states + selected[:, None] * H + cols[None, :]
+    gl.store(out, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
 
 
 @gluon.jit(do_not_specialize=["T", "FIRST_SPLIT"])
@@ -133,7 +177,8 @@ def dx_ws_kernel(
     columns (axis 1 of the grid), one (BLOCK_M, BLOCK_N) tile of the (T, H) partial per program (axis 0, token
     tile fastest). dd_desc is the fp16 (ROWS, 2F) dd, w1_desc and w3_desc the bf16 (F, H) weights.
 
-    Shared memory: STAGES x (16 + 32) KB at 128 x 256 x 64: 4 stages take 192 KB.
+    Shared memory: STAGES x (16 + 32) KB at 128 x 256 x 64, and 32 KB for the partial's layout conversion: 4 stages
+    take 224 KB.
     """
     a_bufs, b_bufs, ready, empty = operand_ring(dd_desc, w1_desc, STAGES)
     gl.warp_specialize(

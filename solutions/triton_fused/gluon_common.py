@@ -1,7 +1,7 @@
 """Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_swap_ab.py, dx_warp_specialized.py,
 dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the product warps, and how each side
-waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F and their sum of a tile's
-partials into the selected rows, the persistent programs' tile count, the wgmma accumulator layout."""
+waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F, the persistent programs' tile
+count, the wgmma accumulator layout."""
 
 from __future__ import annotations
 
@@ -87,47 +87,3 @@ def split_columns(x, PIECES: gl.constexpr):
             parts += y.reshape(y.shape[0], 2, y.shape[1] // 2).permute(0, 2, 1).split()
         xs = parts
     return xs
-
-
-# The arrival on a counter: the one thread whose flag is set adds 1 (acquire-release, so that the partials stored
-# before it are seen by whichever program arrives last, and that one sees all of theirs); every thread returns the
-# count before it, or 0.
-_ARRIVE_ASM = gl.constexpr("""{
-    .reg .pred chosen;
-    setp.ne.u32 chosen, $2, 0;
-    mov.u32 $0, 0;
-    @chosen atom.acq_rel.gpu.global.add.u32 $0, [$1], 1;
-}""")
-
-
-@gluon.jit
-def _arrive(counter, num_warps: gl.constexpr):
-    """Count the calling partition in on `counter`: one atomic add by its first thread, after a barrier of its warps
-    (so every warp's stores come before it); the count before this arrival, in every thread."""
-    gl.thread_barrier()
-    layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # one element per thread
-    warp = gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout))[:, None]
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))[None, :]
-    first = ((warp == 0) & (lane == 0)).to(gl.int32)
-    old = gl.inline_asm_elementwise(_ARRIVE_ASM, "=r,l,r", [counter + first * 0, first], dtype=gl.int32, is_pure=False,
-                                    pack=1)  # fmt: skip
-    return gl.max(gl.max(old, axis=1), axis=0)
-
-
-@gluon.jit
-def finish_rows(partials, arrivals, token_indices, grad_hidden_states, rows, cols, T, H, ARRIVALS, layout: gl.constexpr,
-                num_warps: gl.constexpr):  # fmt: skip
-    """A dx kernel's rows (T, H) straight into grad_hidden_states, without scatter_kernel: the calling partition counts
-    itself in on arrivals[program_id(0)] (the dx tile's counter, zeroed by gather_kernel), after storing its part of
-    its partial, and the last of the tile's ARRIVALS arrivals adds the tile's partials (axis 1 of the grid: one per
-    slice of K) over `rows` x `cols` (in `layout`) in fixed order, as scatter_kernel would, and stores the sums rounded
-    to bf16 into rows token_indices[t]. The partials are read from L2 (.cg): this SM's L1 never held them."""
-    if _arrive(arrivals + gl.program_id(0), num_warps) == ARRIVALS - 1:
-        mask = (rows < T)[:, None] & (cols < H)[None, :]
-        total = gl.zeros(mask.shape, dtype=gl.float32, layout=layout)
-        for s in range(gl.num_programs(1)):
-            theirs = partials + (s * T + rows)[:, None] * H + cols[None, :]
-            total += gl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
-        selected = gl.load(token_indices + rows, mask=rows < T, other=0)
-        out = grad_hidden_states + selected[:, None] * H + cols[None, :]
-        gl.store(out, total.to(grad_hidden_states.dtype.element_ty), mask=mask)

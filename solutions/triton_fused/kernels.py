@@ -15,8 +15,9 @@ streams. On the caller's stream:
                             the warp-specialised Gluon kernel of weight_grad_warp_specialized.py takes its place
                             (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
-                            their entries of grad_routing_weights; from T = 385, where dx_kernel stores the rows
-                            itself, only the latter, on the second stream right behind routing_x16_kernel
+                            their entries of grad_routing_weights; where dx stores the rows itself (dx_kernel from
+                            T = 385, the Gluon dx at 224 < T <= 256), only the latter, on the second stream right
+                            behind routing_x16_kernel
 
 and beside them, on a second stream (the launcher orders the two with events):
 

@@ -311,6 +311,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # -5.9, -5.3 and -5.3 us at B = 2048, 4096, 512 and 2053 with grad_w2 in 88 programs, on one machine; -3.2 to -6.2
     # in all 132, three runs on two machines; edges T = 225 -7.0, 256 (B = 999) -4.4; at T = 196 and 215, where the
     # swap-AB dx and the resident B of grad_w1/grad_w3 pay, +17 to +20, so not the 224 bucket: v32).
+    # dx stores the selected rows itself, the last of a tile's two programs adding their partials, so that no scatter
+    # ends the call (same-process A/B against 6714034's plan, means of three or four, two runs on two machines: T = 256
+    # -1.9 to -4.5 us per workload, -3.7 on average; with the partials left in wgmma's layout +9.8 to +11.8 against
+    # scatter, with them coalesced and still summed by scatter -0.8 to -2.5; the swap-AB dx so at 196-336 +2.1 to +8.1,
+    # and the fused dx with grad_w1/grad_w3 at T = 128 +0.2 to +0.7, so not those: v34).
     (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
                   grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
                   grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=88),
@@ -810,12 +815,12 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         chunks = plan.dx_swap_ab.chunks
         if not 1 <= len(chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in chunks):
             raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {chunks}")
-    if plan.dx_grad_w13 is not None:
-        _check_dx_grad_w13(plan, tokens, ffn)
     if plan.dh_warp_specialized is not None and plan.dx_warp_specialized:
         raise ValueError("the warp-specialised dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for Triton's dx")
     if plan.dx_writes_rows:
         _check_dx_writes_rows(plan)
+    if plan.dx_grad_w13 is not None:
+        _check_dx_grad_w13(plan, tokens, ffn)
     if plan.scatter_after_dx and (any(plan.dx_on_side) or plan.scatter_on_side or plan.dx_writes_rows or plan.dx_grad_w13):
         raise ValueError("scatter_after_dx runs scatter behind both halves of dx on the caller's stream: not with dx on the "
                          "side stream, scatter_on_side, dx_writes_rows or dx_grad_w13")
