@@ -303,7 +303,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # 215 -2.9; in one chunk of 256 tokens -4.6 and -2.2, and at T = 256 +1.0, so not there: v22).
     (224, replace(_PLAN_256, dx_warp_specialized=False, dx_swap_ab=SwapAbDx((128, 64, 32), 4))),
     # dx right behind dh on the caller's stream in 64 programs (split-K 1), beside grad_w2 and then grad_w1/grad_w3 on
-    # the side stream, both claiming their tiles, grad_w2 in 88 programs (of the 132 SMs) so that dx finds SMs free at
+    # the side stream, both claiming their tiles, grad_w2 in fewer programs than SMs so that dx finds SMs free at
     # dh's end, and the zeros first on the side stream, beside dh. dx reads the weights and grad_w1/grad_w3 writes
     # theirs; alone at T = 256 each runs 26% faster per SM on half the SMs than on all of them (dx 142.6 us on 64 SMs
     # against 90.7 on 128, grad_w1/grad_w3 170.0 on 66 against 107.4 on 132), and side by side they share the GPU's
@@ -315,10 +315,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # ends the call (same-process A/B against 6714034's plan, means of three or four, two runs on two machines: T = 256
     # -1.9 to -4.5 us per workload, -3.7 on average; with the partials left in wgmma's layout +9.8 to +11.8 against
     # scatter, with them coalesced and still summed by scatter -0.8 to -2.5; the swap-AB dx so at 196-336 +2.1 to +8.1,
-    # and the fused dx with grad_w1/grad_w3 at T = 128 +0.2 to +0.7, so not those: v34).
+    # and the fused dx with grad_w1/grad_w3 at T = 128 +0.2 to +0.7, so not those: v34). With dx so, grad_w2 in 96
+    # programs rather than 88 (same-process A/B, means of three and four, two runs on one machine: -1.7 to -2.6 us on
+    # the four workloads; in 104 or 112 programs -1.8 to -2.3, in 80 +3.3 to +5.7: v34).
     (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
                   grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
-                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=88),
+                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=96),
                   dx_writes_rows=True)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
