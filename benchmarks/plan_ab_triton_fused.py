@@ -73,7 +73,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workloads", required=True, help="comma-separated indices of the suite's workloads")
     parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
-    parser.add_argument("--variant", action="append", required=True, help="'name: field=value; ...' (repeatable)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="'name: field=value; ...' (repeatable; none: the plan alone, as a baseline for another tree)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default="plan_ab.jsonl")
     args = parser.parse_args()

@@ -313,9 +313,9 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # swap-AB dx and the resident B of grad_w1/grad_w3 pay, +17 to +20, so not the 224 bucket: v32).
     # dx stores the selected rows itself, the last of a tile's two programs adding their partials, so that no scatter
     # ends the call (same-process A/B against 6714034's plan, means of three or four, two runs on two machines: T = 256
-    # -1.9 to -4.5 us per workload, -3.7 on average; with the partials left in wgmma's layout +9.8 to +11.8 against
-    # scatter, with them coalesced and still summed by scatter -0.8 to -2.5; the swap-AB dx so at 196-336 +2.1 to +8.1,
-    # and the fused dx with grad_w1/grad_w3 at T = 128 +0.2 to +0.7, so not those: v34). With dx so, grad_w2 in 96
+    # -2.1 to -4.3 us per workload, -3.6 on average; with the partials left in wgmma's layout +9.8 to +11.8 against
+    # scatter, with them coalesced and still summed by scatter -0.8 to -2.6; the swap-AB dx so at 196-336 +2.1 to +8.1,
+    # and the fused dx with grad_w1/grad_w3 at T = 128 +0.2 to +0.6, so not those: v34). With dx so, grad_w2 in 96
     # programs rather than 88 (same-process A/B, means of three and four, two runs on one machine: -1.7 to -2.6 us on
     # the four workloads; in 104 or 112 programs -1.8 to -2.3, in 80 +3.3 to +5.7: v34).
     (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
@@ -841,7 +841,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     with _beside(side, True):
         if plan.dh_gathers_rows:
             gather(p, write_g=False)
-        counters_zeroed = _recorded_event(side) if plan.dh_gathers_rows else None
+        # dx's arrival counters, which the gather zeroes, where the gather runs on the side stream
+        counters_zeroed = _recorded_event(side) if plan.dh_gathers_rows and p.arrivals is not None else None
         if plan.zeros_at == "start":
             zero_unselected(p)
         if plan.x16_at == "start":
@@ -871,8 +872,8 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
                 routing_x16(p)
                 side_operands_ready = _recorded_event(side)
     scatter_on_side = side is not None and plan.scatter_on_side and plan.dx_grad_w13 is None
-    if p.arrivals is not None and counters_zeroed is not None:
-        caller.wait_event(counters_zeroed)  # dx's arrival counters, which the gather on the side stream zeroes
+    if counters_zeroed is not None:
+        caller.wait_event(counters_zeroed)
     if plan.dx_grad_w13 is not None:
         if side_operands_ready is not None:
             caller.wait_event(side_operands_ready)

@@ -15,9 +15,16 @@ a tile's products take about as long as storing it, so the stores must run under
 - two product warpgroups, each a partition of its own (the default one and a worker, 4 warps each), read every
   stage, each for its own 64 rows of the tile (A's block read transposed from shared memory); a stage is free once
   both have arrived on `empty`. Each accumulates its 64 x 256 half in fp32, one wgmma in flight while the next is
-  issued, then rounds it to bf16 and stores it through its own staging buffer by TMA, 128 columns at a time.
+  issued, then rounds it to bf16 and keeps it in registers while it starts the next tile: at each of that tile's
+  first four K steps, while the step's wgmma runs, one 64-column block of the tile before goes out by TMA through one
+  of the warpgroup's two staging buffers (the blocks that find no step, after the last one).
 
-No barrier joins the two warpgroups, so they drift apart, and while one converts and stores, the other's wgmma have
+Until v35 a tile went out right after its products, 128 columns at a time through one buffer, each round waiting for
+the store before it: in the whole backward 6-8 us slower at T = 196-256 and 25-29 us at 296-512 (same-process A/B,
+the bits equal; each block waiting only for the store two blocks before it, but right after the products, took 1.6-3.4
+us of that at 196-336). Narrower blocks, 32 columns through four buffers, were 2-8 us slower (docs/performance.md, v35).
+
+No barrier joins the two warpgroups, so they drift apart, and while one converts and stages, the other's wgmma have
 the tensor cores (ping-pong). Until v21 one 8-warp partition ran both warpgroups on the tile in step, staging the
 tile before under the next one's first two wgmma, and every tile end stalled the tensor cores: this kernel is 2-11%
 faster alone at T = 196-512 and 10-15 us faster in the whole backward at T = 196-256. Starting the second warpgroup
@@ -41,7 +48,8 @@ v24). Where F is a multiple of 128 one launch covers both weights: rows [0, F) g
 [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with c_high_desc the same
 as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4
 stages of A (64 KB), B's resident slab (128 KB) and the staging. Registers: 12 warps (4 + 4 + the loader, padded to a
-warpgroup) leave each product warpgroup more than the 128 registers per thread of its accumulator.
+warpgroup) leave each product warpgroup more than the 192 registers per thread of its accumulator (128) and of the
+tile before in bf16 (64): ptxas spills none.
 
 For grad_w1/grad_w3 the rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to
 whole steps), so the sums are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the
@@ -260,21 +268,27 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, til
               B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each of this program's tiles (_product_tile):
     the tiles dealt out in advance, or with DYNAMIC the tile numbers the loader claims, until it hands over the tile
-    count."""
+    count. Each tile's bf16 result is stored under the next tile's products; the last one's after them all."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    ROWS: gl.constexpr = staging.shape[1]
     step = 0
     slab = 0
+    done = gl.zeros((ROWS, BLOCK_N), dtype=staging.dtype, layout=wgmma_layout(BLOCK_N, num_warps))
+    done_m = 0
+    done_n = 0
     if DYNAMIC:
         num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
         j = 0
         tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
         while tile < num_tiles:
-            step, slab = _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc,
-                                       tile, j, 0, step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
-                                       B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+            step, slab, done, done_m, done_n = _product_tile(
+                a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, 0, step, slab,
+                done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, WARPGROUP,
+                num_warps)  # fmt: skip
             j += 1
             tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
+        tiles_done = j
     else:
         if B_RESIDENT:
             first, my_tiles = _resident_run(M, N, BLOCK_M, BLOCK_N)
@@ -284,37 +298,64 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, til
             my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
             stride = gl.num_programs(0)
         for j in range(my_tiles):
-            step, slab = _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc,
-                                       first + j * stride, j, my_tiles, step, slab, M, N, HIGH_FROM, FULL_STEPS,
-                                       TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+            step, slab, done, done_m, done_n = _product_tile(
+                a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, first + j * stride, j,
+                my_tiles, step, slab, done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
+                B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+        tiles_done = my_tiles
+    if tiles_done > 0:
+        pieces = split_columns(done, BLOCK_N // staging.shape[2])
+        for r in gl.static_range(len(pieces)):
+            _store_piece(staging, pieces[r], r, c_desc, c_high_desc, done_m, done_n, HIGH_FROM, WARPGROUP)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, my_tiles,
-                  step, slab, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
-                  B_RESIDENT: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """This warpgroup's 64 rows of `tile` (the program's j-th of my_tiles): acc = A block^T @ B block over the tile's K
-    steps (a short last one of TAIL rows where TAIL_STEPS = 1), then the half tile in bf16 through this warpgroup's
-    staging buffer (PIECES blocks of c_desc at a time) and out by TMA. Nothing here waits for the other warpgroup, so
-    where one converts and stores, the other's wgmma have the tensor cores to themselves. With B_RESIDENT, B's blocks
-    come from the slab buffer, waited for once per column of tiles and handed back (`slab_free`) after its last tile's
-    products. Returns the ring's step count and the slab count after the tile."""
-    BLOCK_M: gl.constexpr = a_bufs.shape[2]
-    BLOCK_N: gl.constexpr = b_bufs.shape[2]
-    PIECES: gl.constexpr = staging.shape[0]
+def _store_piece(staging, piece, r: gl.constexpr, c_desc, c_high_desc, tile_m, off_n, HIGH_FROM, WARPGROUP: gl.constexpr):
+    """Column block r of this warpgroup's rows of the tile at (tile_m, off_n), in bf16, out by TMA through staging
+    buffer r % BUFFERS. The store that read that buffer BUFFERS blocks ago is done first; the BUFFERS - 1 issued since
+    may still be reading theirs, so a block does not wait for the store just issued."""
+    BUFFERS: gl.constexpr = staging.shape[0]
     ROWS: gl.constexpr = staging.shape[1]
     WIDTH: gl.constexpr = staging.shape[2]
-    ROUNDS: gl.constexpr = BLOCK_N // (PIECES * WIDTH)
+    buffer = staging.index(r % BUFFERS)
+    tma.store_wait(BUFFERS - 1)
+    gl.thread_barrier()  # no warp writes the buffer before the store that read it is done
+    buffer.store(piece)
+    fence_async_shared()
+    gl.thread_barrier()
+    # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
+    off_m = tile_m + WARPGROUP * ROWS
+    if tile_m < HIGH_FROM:
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n + r * WIDTH], buffer)
+    else:
+        tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + r * WIDTH], buffer)
+
+
+@gluon.jit
+def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, my_tiles,
+                  step, slab, done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr,
+                  BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """This warpgroup's 64 rows of `tile` (the program's j-th of my_tiles): acc = A block^T @ B block over the tile's K
+    steps (a short last one of TAIL rows where TAIL_STEPS = 1). Under these products the tile before (`done`, in bf16,
+    at (done_m, done_n); none where j = 0) goes out a column block per K step, each block while the step's wgmma
+    runs, the blocks left when the steps run out after them. Nothing here waits for the other warpgroup, so where one
+    stages a block, the other's wgmma have the tensor cores too. With B_RESIDENT, B's blocks come from the slab buffer,
+    waited for once per column of tiles and handed back (`slab_free`) after its last tile's products. Returns the
+    ring's step count, the slab count, and this tile in bf16 with its origin, to go out under the next tile."""
+    BLOCK_M: gl.constexpr = a_bufs.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.shape[2]
+    ROWS: gl.constexpr = staging.shape[1]
+    ROUNDS: gl.constexpr = BLOCK_N // staging.shape[2]
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
     num_m = gl.cdiv(M, BLOCK_M)
     tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN or B_RESIDENT)
-    off_m = tile_m + WARPGROUP * ROWS
     if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
         if _starts_slab(j, tile, num_m):
             for kk in range(FULL_STEPS + TAIL_STEPS):
                 mbarrier.wait(slab_ready.index(kk), slab & 1)
             slab += 1
+    pieces = split_columns(done, ROUNDS)
     acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
     for kk in range(FULL_STEPS):
         s = wait_stage_ready(ready, step)
@@ -327,6 +368,9 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         if kk > 0:  # the wgmma of the step before is done with its stage
             release_stage(empty, step - 1)
+        for r in gl.static_range(ROUNDS):
+            if (kk == r) & (j > 0):
+                _store_piece(staging, pieces[r], r, c_desc, c_high_desc, done_m, done_n, HIGH_FROM, WARPGROUP)
         step += 1
     # The short step after the loop rather than a branch in it: the whole backward 2.0-2.9 us faster at T = 196,
     # within 1 us at T = 296-512 (v25). An in-flight wgmma cannot leave an if, so the branch issues and waits.
@@ -342,28 +386,15 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
         if FULL_STEPS > 0:
             release_stage(empty, step - 1)
         step += 1
+    for r in gl.static_range(ROUNDS):  # the blocks that found no whole K step to go out under
+        if (r >= FULL_STEPS) & (j > 0):
+            _store_piece(staging, pieces[r], r, c_desc, c_high_desc, done_m, done_n, HIGH_FROM, WARPGROUP)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     release_stage(empty, step - 1)
     if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
         if _ends_slab(j, my_tiles, tile, num_m):
             mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
-    pieces = split_columns(acc.to(staging.dtype), ROUNDS * PIECES)
-    for r in gl.static_range(ROUNDS):
-        tma.store_wait(0)
-        gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
-        for i in gl.static_range(PIECES):
-            staging.index(i).store(pieces[r * PIECES + i])
-        fence_async_shared()
-        gl.thread_barrier()
-        # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
-        if tile_m < HIGH_FROM:
-            for i in gl.static_range(PIECES):
-                tma.async_copy_shared_to_global(c_desc, [off_m, off_n + (r * PIECES + i) * WIDTH], staging.index(i))
-        else:
-            for i in gl.static_range(PIECES):
-                tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + (r * PIECES + i) * WIDTH],
-                                                staging.index(i))  # fmt: skip
-    return step, slab
+    return step, slab, acc.to(staging.dtype), tile_m, off_n
 
 
 @gluon.jit(do_not_specialize=["tile_counter", "B_ROWS", "FULL_STEPS", "TAIL_STEPS"])
@@ -403,7 +434,7 @@ def weight_grad_ws_kernel(
         a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
         slab_ready = ready  # unused
         slab_free = ready  # unused
-    # Half a warpgroup's columns per round: staging the whole 64 x 256 would cost an operand stage (3 stages with
+    # Two 64-column blocks per warpgroup: staging the whole 64 x 256 would cost an operand stage (3 stages with
     # full-width staging: 3-16% slower alone at T = 196-2048).
     staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
     staging = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
