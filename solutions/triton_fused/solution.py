@@ -260,7 +260,7 @@ _PLAN_256 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_PAIR, _WGRAD_WIDE, _DX_WIDE
 _PLAN_512 = Plan(Tile(128, 256, 64, 8, 4, 4), _WGRAD_WIDE_BY_COLUMN, _WGRAD_WIDE, _DX_WIDE, 2,
                  dx_on_side=(False, False), grad_w13_on_side=True, x16_at="after_dh", zeros_at="after_dh",
                  dh_warp_specialized=WarpSpecializedDh(64, 5, 16, 2, 128), dh_programmatic_launch=True,
-                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4),
+                 grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True), dx_writes_rows=True)  # fmt: skip
 PLANS: tuple[tuple[int, Plan], ...] = (
     # dx's w3 half behind dh on the caller's stream, ahead of grad_w1/grad_w3, its w1 half beside them on the side
@@ -316,12 +316,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # -2.1 to -4.3 us per workload, -3.6 on average; with the partials left in wgmma's layout +9.8 to +11.8 against
     # scatter, with them coalesced and still summed by scatter -0.8 to -2.6; the swap-AB dx so at 196-336 +2.1 to +8.1,
     # and the fused dx with grad_w1/grad_w3 at T = 128 +0.2 to +0.6, so not those: v34). With dx so, grad_w2 in 96
-    # programs rather than 88 (same-process A/B, means of three and four, two runs on one machine: -1.7 to -2.6 us on
-    # the four workloads; in 104 or 112 programs -1.8 to -2.3, in 80 +3.3 to +5.7: v34).
+    # programs rather than 88 (-1.7 to -2.6 us on the four workloads, v34), and since the weight gradient stores each
+    # tile under the next one's products, in all 132 (same-process A/B against 96, means of three, two runs on one
+    # machine: -4.4 to -5.2 us on the four workloads, in 112 programs -3.6 to -4.7, in 88 +3.6 and +5.4; edges T = 225
+    # -6.6, 256 (B = 999) -5.0: v35).
     (256, replace(_PLAN_256, dx_split=1, dx_on_side=(False, False), grad_w13_on_side=True, zeros_at="start",
-                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True),
-                  grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True, programs=96),
-                  dx_writes_rows=True)),
+                  grad_w13_warp_specialized=WarpSpecializedWeightGrad(4, dynamic=True), dx_writes_rows=True)),
     # dx first after dh: the two launches of dx (96 programs each at T = 336) no longer run last and alone, on
     # a third of the SMs, while the persistent grad_w1/grad_w3 fills the GPU to the end (T = 336: 491 -> 472 us; with
     # v18's dh this layout also pays at T = 496, -7.2 and -7.9 us in two A/B runs, and is even at 512: +0.3, -0.4).
@@ -349,6 +349,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # Up to T = 320 grad_w2's tiles claimed one by one, with x16 behind the gather on the side stream, ahead of grad_w2,
     # rather than behind the zeros once dh is done (same-process A/B, means of three and four: T = 296 -1.7 and -2.7 us;
     # at 336 +0.5 and +1.5, and grad_w2 claimed with x16 after dh +4.7 and +5.3, so not the 384 bucket; v31).
+    # From T = 257 to 1024 grad_w1/grad_w3 claims its tiles too, since the weight gradient stores each tile under the
+    # next one's products (same-process A/B against them dealt out, means of three or four, two runs on one machine:
+    # T = 296 -2.5 and -2.9 us, 336 -0.8 and -1.1, 512 -3.5 and -3.1, 496 +1.0 and +0.7; edges T = 257 -1.9, 320
+    # -2.4, 321 -3.4, 384 -0.8, 385 -3.6, 512 (B = 513) -2.6, 513 -89.4, 1024 -1.5; at 2048 +2.8, so not the last
+    # bucket: v35).
     (320, replace(_PLAN_512, dx_swap_ab=SwapAbDx((256, 64), 3), dx_writes_rows=False, scatter_after_dx=True,
                   grad_w2_warp_specialized=WarpSpecializedWeightGrad(4, by_column=True, dynamic=True),
                   x16_at="after_gather")),
