@@ -585,8 +585,8 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     the Gluon dh on fewer programs than SMs (WarpSpecializedDh.fewest_programs) and the Gluon dx storing the selected
     rows itself or leaving them to scatter (Plan.dx_writes_rows: the same fp32 sum of its two partials). T = 215:
     Triton's dh gathering its own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 256: dx behind dh beside the
-    weight gradients claiming their tiles on the side stream, grad_w2 in fewer programs than SMs; T = 336: the Gluon dh,
-    the swap-AB dx, scatter behind it (and the zeros behind it)."""
+    weight gradients claiming their tiles on the side stream; T = 336: the Gluon dh, the swap-AB dx, scatter behind it
+    (and the zeros behind it), grad_w1/grad_w3 claiming its tiles."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
