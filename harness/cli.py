@@ -50,40 +50,74 @@ def pick_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 def _us(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.1f}"
 
 
 def workload_table(result: BenchResult) -> Table:
     clock = "CUDA events" if result.provenance.device_type == "cuda" else "CPU wall clock"
-    title = f"{result.solution.name} on {result.provenance.device_name}, suite {result.config.suite} ({clock}, latencies in us)"
-    columns: dict[str, list[str]] = {name: [] for name in ("#", "B", "T", "status", "mean", "±95%", "median", "n", "host")}
-    scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S")}
-    ratios_column: list[str] = []
+    title = (
+        f"{result.solution.name} on {result.provenance.device_name}, suite {result.config.suite} ({clock}, us; latency: "
+        "synchronised per call at fresh addresses; device: queue kept full; host: the solution's own issue time)"
+    )
+    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "graph")
+    columns: dict[str, list[str]] = {name: [] for name in names}
+    scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S", "S device")}
+    notes: dict[str, list[str]] = {"worst ratio": [], "flags": []}
     for w in result.workloads:
-        t = w.timing
+        t = w.call_latency
         color = "green" if w.status is Status.PASSED else "yellow" if w.status is Status.SKIPPED else "red"
+        graph = w.cuda_graph
+        graph_cell = "-" if graph is None else "[red]failed[/red]" if graph.error else _us(graph.timing.mean_us)
         for name, text in zip(
             columns,
             (
                 str(w.index), str(w.batch_seq_len), str(w.num_tokens), f"[{color}]{w.status.value}[/{color}]",
                 _us(t.mean_us if t else None), _us((t.ci95_high_us - t.mean_us) if t else None),
-                _us(t.median_us if t else None), str(t.n) if t else "-", _us(t.host_us if t else None),
+                _us(t.median_us if t else None), str(t.n) if t else "-", _us(w.device_us),
+                _us(w.host.median_us if w.host else None), graph_cell,
             ),
-        ):
+        ):  # fmt: skip
             columns[name].append(text)
-        for name, value in zip(scores, (w.sol_us, w.percent_of_sol, w.percent_of_sol_measured, w.sol_score)):
-            scores[name].append("-" if value is None else f"{value:.3f}" if name == "S" else _us(value))
+        for name, value in zip(scores, (w.sol_us, w.percent_of_sol, w.percent_of_sol_measured, w.sol_score, w.device_sol_score)):
+            scores[name].append("-" if value is None else f"{value:.3f}" if name.startswith("S ") or name == "S" else _us(value))
         ratios = [o.matched_ratio for trial in w.trials for o in trial.outputs if o.matched_ratio is not None]
-        ratios_column.append(f"{min(ratios):.4f}" if ratios else "-")
+        notes["worst ratio"].append(f"{min(ratios):.4f}" if ratios else "-")
+        notes["flags"].append(", ".join(w.flags))
+    if all(cell == "-" for cell in columns["graph"]):
+        del columns["graph"]
     columns.update({name: cells for name, cells in scores.items() if any(cell != "-" for cell in cells)})
-    columns["worst ratio"] = ratios_column
+    columns.update({name: cells for name, cells in notes.items() if any(cell not in ("-", "") for cell in cells)})
     table = Table(title=title)
     for name in columns:
-        table.add_column(name, justify="left" if name == "status" else "right")
+        table.add_column(name, justify="left" if name in ("status", "flags") else "right")
     for row in zip(*columns.values()):
         table.add_row(*row)
     return table
+
+
+def kernel_tables(result: BenchResult) -> list[Table]:
+    """`bench --kernels`: per workload, the GPU activities of the median profiled call."""
+    tables = []
+    for w in result.workloads:
+        if w.kernels is None:
+            continue
+        k = w.kernels
+        title = (
+            f"{result.solution.name} #{w.index} (B={w.batch_seq_len}, T={w.num_tokens}): span {k.span_us:,.1f} us, "
+            f"GPU busy {k.busy_us:,.1f} us (medians of {k.calls} calls){'; ' + k.note if k.note else ''}"
+        )
+        table = Table(title=title)
+        for name in ("start us", "duration us", "stream", "kernel"):
+            table.add_column(name, justify="left" if name == "kernel" else "right")
+        for run in k.kernels:
+            table.add_row(_us(run.start_us), _us(run.duration_us), str(run.stream), run.name[:90])
+        tables.append(table)
+    return tables
 
 
 def print_failures(workloads: list[WorkloadResult]) -> None:
@@ -109,6 +143,8 @@ def bench(
     isolation: Annotated[bool, typer.Option(help="each solution in its own worker process (--no-isolation: all in this one)")] = True,
     compile_timeout: Annotated[float, typer.Option(help="seconds to load a solution, added to its first workload's limit")] = 600.0,
     run_timeout: Annotated[float, typer.Option(help="seconds for one workload (trials and timing) before TIMEOUT")] = 600.0,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="also time the call captured in a CUDA graph and replayed")] = False,
+    kernels: Annotated[bool, typer.Option("--kernels", help="also profile single calls and print their kernels")] = False,
 ) -> None:
     """Check solutions against the float32 reference and time them on every workload of a suite.
 
@@ -134,11 +170,15 @@ def bench(
             seed=seed,
             input_sets=input_sets,
             timing=TimingConfig(max_calls=max_calls, target_rel_stderr=target_stderr),
+            cuda_graph=cuda_graph,
+            kernels=kernels,
         )
         benches = [] if isolation else [Bench(sol, dev, options, results_dir) for sol in solutions]
         scorer = Scorer(dev, results_dir)
     except USER_ERRORS as exc:
         fail(str(exc).strip("'\""))
+    if kernels and dev.type != "cuda":
+        console.print("[yellow]--kernels profiles GPU activity: skipped on the CPU.[/yellow]")
     for sol in solutions:
         if not sol.runs_on(dev.type):
             console.print(f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]")
@@ -167,12 +207,15 @@ def bench(
     for result in results:
         path = save(result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial, chosen_suite.name))
         console.print(workload_table(result))
+        for table in kernel_tables(result):
+            console.print(table)
         print_failures(result.workloads)
         latencies = [w.latency_us for w in result.workloads if w.latency_us is not None]
-        mean = sum(latencies) / len(latencies) if latencies else math.nan
+        device_times = [w.device_us for w in result.workloads if w.device_us is not None]
         console.print(
-            f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; mean latency {_us(mean)} us over "
-            f"{len(latencies)} timed workloads; {result.duration_s:.1f} s; written to {path}",
+            f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; mean call latency {_us(_mean(latencies))} us, "
+            f"mean device time {_us(_mean(device_times))} us over {len(latencies)} timed workloads; {result.duration_s:.1f} s; "
+            f"written to {path}",
             highlight=False,
         )
         failed |= any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads)
@@ -223,26 +266,30 @@ SuiteOption = Annotated[
 ]
 
 
+BY_WORKLOAD_VALUES = ("latency_us", "device_us", "host_us", "pct_sol", "pct_sol_measured", "sol_score", "device_sol_score")
+
+
 @app.command("compare")
 def compare_cmd(
     results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
     device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
     solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
     by_workload: Annotated[bool, typer.Option("--by-workload", help="one row per workload, one column per solution")] = False,
-    value: Annotated[str, typer.Option(help="with --by-workload: latency_us, pct_sol, pct_sol_measured or sol_score")] = "latency_us",
+    value: Annotated[str, typer.Option(help=f"with --by-workload: {', '.join(BY_WORKLOAD_VALUES)}")] = "latency_us",
     fmt: Annotated[str, typer.Option("--format", help="table, csv or markdown")] = "table",
     suite: SuiteOption = None,
 ) -> None:
     """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""
     if fmt not in ("table", "csv", "markdown"):
         fail(f"--format must be table, csv or markdown, got '{fmt}'")
-    if value not in ("latency_us", "pct_sol", "pct_sol_measured", "sol_score"):
-        fail(f"--value must be latency_us, pct_sol, pct_sol_measured or sol_score, got '{value}'")
+    if value not in BY_WORKLOAD_VALUES:
+        fail(f"--value must be one of {', '.join(BY_WORKLOAD_VALUES)}, got '{value}'")
     frame = load_results_or_fail(results_dir, device, solution, suite)
     if by_workload:
         comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
     else:
-        comparing.render(comparing.summary(frame), fmt, "Solutions (latencies in us; S = SOL score; failed workloads score 0)", console)
+        comparing.render(comparing.summary(frame), fmt, "Solutions (us; mean_us: call latency, synchronised per call at fresh addresses; mean_device_us: queue kept full; "
+                         "S = SOL score; failed workloads score 0)", console)
 
 
 @app.command()

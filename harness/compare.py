@@ -44,6 +44,8 @@ def load_frame(
                     "T": w.num_tokens,
                     "status": w.status.value,
                     "latency_us": w.latency_us,
+                    "device_us": w.device_us,
+                    "host_us": w.host.median_us if w.host else None,
                     "sol_us": w.sol_us,
                     "sol_us_measured": w.sol_us_measured,
                     "pct_sol": w.percent_of_sol,
@@ -57,17 +59,20 @@ def load_frame(
 
 
 def _with_scores(frame: pd.DataFrame) -> pd.DataFrame:
-    base = frame[frame.solution == BASELINE_SOLUTION][["device", "suite", "uuid", "latency_us"]]
-    frame = frame.merge(base.rename(columns={"latency_us": "baseline_us"}), on=["device", "suite", "uuid"], how="left")
+    """S and the speedup against the baseline, of the call latency (sol_score) and of the device time (device_sol_score)."""
+    base = frame[frame.solution == BASELINE_SOLUTION][["device", "suite", "uuid", "latency_us", "device_us"]]
+    base = base.rename(columns={"latency_us": "baseline_us", "device_us": "device_baseline_us"})
+    frame = frame.merge(base, on=["device", "suite", "uuid"], how="left")
 
-    def score(row: pd.Series) -> float:
+    def score(row: pd.Series, latency: str, baseline: str) -> float:
         if row.status != Status.PASSED.value:
             return 0.0
-        if pd.isna(row.baseline_us) or pd.isna(row.sol_us):
+        if pd.isna(row[baseline]) or pd.isna(row.sol_us) or pd.isna(row[latency]):
             return math.nan
-        return sol_score(row.latency_us, row.sol_us, row.baseline_us)
+        return sol_score(row[latency], row.sol_us, row[baseline])
 
-    frame["sol_score"] = frame.apply(score, axis=1)
+    frame["sol_score"] = frame.apply(score, axis=1, args=("latency_us", "baseline_us"))
+    frame["device_sol_score"] = frame.apply(score, axis=1, args=("device_us", "device_baseline_us"))
     frame["speedup_vs_baseline"] = frame.baseline_us / frame.latency_us
     return frame
 
@@ -78,7 +83,8 @@ def _geomean(values: pd.Series) -> float:
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (device, suite, solution): pass count, latency aggregates, %SOL, S and speedup."""
+    """One row per (device, suite, solution): pass count, call latency aggregates (the headline), %SOL, S and speedup
+    on call latency, then the mean device time, its S, and the mean host cost."""
     rows = []
     for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
         timed = group.latency_us.dropna()
@@ -95,6 +101,9 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "mean_pct_sol_measured": group.pct_sol_measured.mean(),
                 "mean_sol_score": group.sol_score.mean(),
                 "speedup_vs_baseline": _geomean(group.speedup_vs_baseline),
+                "mean_device_us": group.device_us.mean(),
+                "mean_device_sol_score": group.device_sol_score.mean(),
+                "mean_host_us": group.host_us.mean(),
             }
         )
     return pd.DataFrame(rows).sort_values(["device", "suite", "mean_us"]).reset_index(drop=True)

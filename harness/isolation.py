@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from harness import provenance
 from harness.registry import get_solution
 from harness.results import BenchResult, WorkloadResult
-from harness.runner import BASELINE_SOLUTION, BenchOptions, Scorer, bench_config, solution_record
+from harness.runner import BASELINE_SOLUTION, Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
 from harness.workloads import Suite, Workload
 
@@ -56,7 +56,7 @@ class Worker:
             "solution": solution,
             "solutions_dir": str(solutions_dir),
             "device": device,
-            "options": {"trials": options.trials, "seed": options.seed, "input_sets": options.input_sets, "timing": asdict(options.timing)},
+            "options": asdict(options),
             "results_dir": str(results_dir),
             "suite": suite.model_dump(mode="json"),
         }
@@ -141,19 +141,19 @@ class Worker:
         self._spawn()
         self.busy_seconds += time.perf_counter() - started
 
-    def workload(self, workload: Workload, index: int, baseline_us: float | None, scorer: Scorer) -> WorkloadResult:
+    def workload(self, workload: Workload, index: int, baseline: Baseline | None, scorer: Scorer) -> WorkloadResult:
         started = time.perf_counter()
         try:
-            return scorer.rescore(self._workload(workload, index, baseline_us, scorer))
+            return scorer.rescore(self._workload(workload, index, baseline, scorer))
         finally:
             self.busy_seconds += time.perf_counter() - started
 
-    def _workload(self, workload: Workload, index: int, baseline_us: float | None, scorer: Scorer) -> WorkloadResult:
+    def _workload(self, workload: Workload, index: int, baseline: Baseline | None, scorer: Scorer) -> WorkloadResult:
         if self._process is None and self._setup_problem is None:
             self._spawn()
         if self._setup_problem is not None:
-            return scorer.base(workload, index, *self._setup_problem)
-        self._send({"nonce": self.nonce, "workload": workload.uuid, "baseline_us": baseline_us})
+            return scorer.base(workload, index, *self._setup_problem, baseline)
+        self._send({"nonce": self.nonce, "workload": workload.uuid, "baseline": asdict(baseline) if baseline else None})
         timeout = self.timeouts.run_s + (self.timeouts.compile_s if self._first_result_pending else 0.0)
         reply = self._receive(timeout)
         if reply is not None and "result" in reply:
@@ -210,7 +210,7 @@ def run_isolated(
             result = worker.workload(workload, index, baseline.get(workload.uuid), scorer.for_solution(name))
             collected[name].append(result)
             if name == BASELINE_SOLUTION and result.latency_us is not None:
-                baseline[workload.uuid] = result.latency_us
+                baseline[workload.uuid] = Baseline.of(result)
             on_done(name, result)
     results = {}
     for name, worker in workers.items():

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from harness.correctness import OutputCheck
 from harness.provenance import REPO_ROOT, Provenance
@@ -16,7 +18,7 @@ from harness.timing import TimingStats
 from harness.workloads import default_suite
 
 RESULTS_DIR = REPO_ROOT / "results"
-SCHEMA_VERSION = 2  # 2: timing.host_us
+SCHEMA_VERSION = 3  # 3: call latency (the headline), device time and host cost apart
 CALIBRATION_FILE = "calibration.json"
 
 
@@ -31,6 +33,37 @@ class TrialReport(BaseModel):
     outputs: list[OutputCheck] = []
 
 
+# Informational flags of a workload (never a failure). HOST_BOUND: the solution's host time to issue one call is longer
+# than its device time, so under the call-latency timer the GPU waits for the host.
+Flag = Literal["HOST_BOUND"]
+
+
+class GraphTiming(BaseModel):
+    """`bench --cuda-graph`: the call captured once in a CUDA graph and replayed at the same addresses, synchronised
+    before each replay; a capture that fails, or replays whose outputs are wrong, leave `error` instead."""
+
+    timing: TimingStats | None = None
+    error: str = ""
+
+
+class KernelRun(BaseModel):
+    name: str
+    stream: int
+    start_us: float = Field(description="from the start of the call's first GPU activity")
+    duration_us: float
+
+
+class KernelProfile(BaseModel):
+    """`bench --kernels`: the GPU activity of single calls (synchronised before each, as call latency), from the
+    CUDA profiling interface through torch.profiler."""
+
+    calls: int
+    span_us: float = Field(description="median over the calls of first start to last end: the public evaluator's figure")
+    busy_us: float = Field(description="median over the calls of the sum of the activities' durations")
+    kernels: list[KernelRun] = Field(description="the activities of the call whose span is the median")
+    note: str = ""
+
+
 class WorkloadResult(BaseModel):
     uuid: str
     index: int
@@ -41,19 +74,35 @@ class WorkloadResult(BaseModel):
     status: Status
     message: str = ""
     trials: list[TrialReport] = []
-    timing: TimingStats | None = None
+    call_latency: TimingStats | None = Field(default=None, description="synchronised before each call, fresh addresses")
+    device_time: TimingStats | None = Field(default=None, description="the GPU's queue kept full")
+    host: TimingStats | None = Field(default=None, description="the solution's own host time to issue one call")
+    flags: list[Flag] = []
+    cuda_graph: GraphTiming | None = None
+    kernels: KernelProfile | None = None
     flops: int
     bytes: int
     sol_us: float | None = Field(default=None, description="roofline time with datasheet peaks")
     sol_us_measured: float | None = Field(default=None, description="roofline time with calibrated ceilings")
+    # Scores of the call latency (the headline) and, prefixed device_, of the device time, each against the baseline's
+    # figure of the same kind.
     percent_of_sol: float | None = None
     percent_of_sol_measured: float | None = None
-    baseline_us: float | None = Field(default=None, description="T_b: reference_fp32's mean on this device")
+    baseline_us: float | None = Field(default=None, description="T_b: reference_fp32's mean call latency on this device")
     sol_score: float | None = None
+    device_percent_of_sol: float | None = None
+    device_percent_of_sol_measured: float | None = None
+    device_baseline_us: float | None = Field(default=None, description="reference_fp32's mean device time on this device")
+    device_sol_score: float | None = None
 
     @property
     def latency_us(self) -> float | None:
-        return self.timing.mean_us if self.timing else None
+        """The headline: mean call latency."""
+        return self.call_latency.mean_us if self.call_latency else None
+
+    @property
+    def device_us(self) -> float | None:
+        return self.device_time.mean_us if self.device_time else None
 
 
 class SolutionRecord(BaseModel):
@@ -74,10 +123,13 @@ class BenchConfig(BaseModel):
     input_sets: int
     target_rel_stderr: float
     max_calls: int
+    cuda_graph: bool = False
+    kernels: bool = False
 
 
 class BenchResult(BaseModel):
     schema_version: int = SCHEMA_VERSION
+
     solution: SolutionRecord
     config: BenchConfig
     provenance: Provenance
@@ -85,6 +137,13 @@ class BenchResult(BaseModel):
     calibration_source: str | None = None
     duration_s: float = Field(description="this solution's own seconds: loading it and its workloads")
     workloads: list[WorkloadResult]
+
+    @field_validator("schema_version")
+    @classmethod
+    def _current(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"schema {value} is not this harness's {SCHEMA_VERSION} (call latency and device time apart): run `harness bench` again")
+        return value
 
     @property
     def passed(self) -> int:

@@ -1,8 +1,9 @@
 """The bench driver: for each workload, correctness trials on fresh seeded inputs, then timing.
 
-Every call, trial or timed, goes to one of a few input sets (the same addresses each time), redrawn in
-place from a new seed just before the call, with outputs poisoned: trials and timed calls look alike,
-and a solution that caches outputs by address or by a sample of the contents replays stale outputs.
+Every trial and every device-time call goes to one of a few input sets (the same addresses each time), redrawn
+in place from a new seed just before the call, with outputs poisoned: trials and timed calls look alike, and a
+solution that caches outputs by address or by a sample of the contents replays stale outputs. Call-latency
+calls each get inputs and outputs at addresses of their own (timing.FreshAddresses), drawn the same way.
 
 One trial: draw inputs, compute the float32 reference under strict settings, snapshot the inputs, the
 process-wide numeric settings and the watched functions, call the solution, then check (in this order)
@@ -11,7 +12,8 @@ returned, the settings, the inputs, the outputs' types and aliasing, each output
 reference, and outputs identical to an earlier trial's (a replay). The last trial repeats the first
 one's inputs with grad_output alone redrawn, so that a cache keyed on the other inputs replays. A workload
 passes when every trial passes. A workload that completed (passed, or only numerically wrong) is then
-timed, and the outputs of the last timed call on each input set are checked again.
+timed (device time, then call latency and host cost: harness.timing), and the outputs of the last timed call
+on each input set and of the last call at fresh addresses are checked again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import copy
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from harness.registry import Solution
 from harness.results import (
     BenchConfig,
     BenchResult,
+    GraphTiming,
     SolutionRecord,
     TrialReport,
     WorkloadResult,
@@ -41,7 +44,8 @@ from harness.results import (
 )
 from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
 from harness.status import Status, worst
-from harness.timing import TimingConfig, time_solution
+from harness.attribution import profile_kernels
+from harness.timing import FreshAddresses, TimingConfig, TimingStats, capture_graph, time_call_latency, time_device
 from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
 
@@ -54,6 +58,20 @@ class BenchOptions:
     seed: int = 0
     input_sets: int = 3
     timing: TimingConfig = field(default_factory=TimingConfig)
+    cuda_graph: bool = False  # also time the call captured in a CUDA graph and replayed
+    kernels: bool = False  # also record the GPU activity of single calls (torch.profiler)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """reference_fp32's means on one workload: T_b of the call-latency and of the device-time scores."""
+
+    latency_us: float | None
+    device_us: float | None
+
+    @classmethod
+    def of(cls, result: WorkloadResult) -> Baseline:
+        return cls(result.latency_us, result.device_us)
 
 
 def trial_seed(base_seed: int, workload_index: int, trial: int) -> int:
@@ -281,6 +299,8 @@ def bench_config(suite: Suite, options: BenchOptions) -> BenchConfig:
         input_sets=options.input_sets,
         target_rel_stderr=options.timing.target_rel_stderr,
         max_calls=options.timing.max_calls,
+        cuda_graph=options.cuda_graph,
+        kernels=options.kernels,
     )
 
 
@@ -309,13 +329,13 @@ class Scorer:
         other.solution = name
         return other
 
-    def baseline_from_file(self) -> dict[str, float]:
+    def baseline_from_file(self) -> dict[str, Baseline]:
         """T_b per workload uuid from this device's reference_fp32 result files, those of every suite in workloads/
         (full runs only; a workload's uuid names it in every suite)."""
         paths = {result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION, suite=name) for name in available_suites()}
-        return {w.uuid: w.latency_us for path in sorted(paths) if path.exists() for w in load_result(path).workloads if w.latency_us is not None}
+        return {w.uuid: Baseline.of(w) for path in sorted(paths) if path.exists() for w in load_result(path).workloads if w.latency_us is not None}
 
-    def base(self, workload: Workload, index: int, status: Status, message: str, baseline_us: float | None = None) -> WorkloadResult:
+    def base(self, workload: Workload, index: int, status: Status, message: str, baseline: Baseline | None = None) -> WorkloadResult:
         dims = workload.dims
         return WorkloadResult(
             uuid=workload.uuid,
@@ -328,7 +348,8 @@ class Scorer:
             message=message,
             flops=flops(dims),
             bytes=bytes_moved(dims),
-            baseline_us=baseline_us,
+            baseline_us=baseline.latency_us if baseline else None,
+            device_baseline_us=baseline.device_us if baseline else None,
         )
 
     def rescore(self, result: WorkloadResult) -> WorkloadResult:
@@ -336,22 +357,29 @@ class Scorer:
         result.flops, result.bytes = flops(dims), bytes_moved(dims)
         result.sol_us = sol_time_us(dims, self.peaks) if self.peaks else None
         result.sol_us_measured = sol_time_us(dims, self.measured_peaks) if self.measured_peaks else None
-        latency = result.latency_us
-        if latency is None:
+        timed = [t for t in (result.call_latency, result.device_time) if t is not None]
+        if not timed:
             return result
-        if result.sol_us is not None:
-            result.percent_of_sol = percent_of_sol(latency, result.sol_us)
-            if latency < result.sol_us and result.status in (Status.PASSED, Status.INCORRECT_NUMERICAL):
-                result.status = Status.INVALID_TIMING
-                result.message = f"mean {latency:.1f} us is below the roofline's {result.sol_us:.1f} us: physically impossible"
-        if result.sol_us_measured is not None:
-            result.percent_of_sol_measured = percent_of_sol(latency, result.sol_us_measured)
+        fastest = min(t.mean_us for t in timed)
+        if result.sol_us is not None and fastest < result.sol_us and result.status in (Status.PASSED, Status.INCORRECT_NUMERICAL):
+            result.status = Status.INVALID_TIMING
+            result.message = f"mean {fastest:.1f} us is below the roofline's {result.sol_us:.1f} us: physically impossible"
         if self.solution == BASELINE_SOLUTION:
-            result.baseline_us = latency
-        result.sol_score = None
-        if result.baseline_us is not None and result.sol_us is not None and result.status is Status.PASSED:
-            result.sol_score = sol_score(latency, result.sol_us, result.baseline_us)
+            result.baseline_us, result.device_baseline_us = result.latency_us, result.device_us
+        result.percent_of_sol, result.percent_of_sol_measured, result.sol_score = self._scores(result, result.latency_us, result.baseline_us)
+        result.device_percent_of_sol, result.device_percent_of_sol_measured, result.device_sol_score = self._scores(
+            result, result.device_us, result.device_baseline_us
+        )
         return result
+
+    def _scores(self, result: WorkloadResult, latency: float | None, baseline: float | None) -> tuple[float | None, ...]:
+        """(%SOL with datasheet peaks, %SOL with measured ceilings, SOL score) of one timing."""
+        if latency is None:
+            return None, None, None
+        percent = percent_of_sol(latency, result.sol_us) if result.sol_us is not None else None
+        measured = percent_of_sol(latency, result.sol_us_measured) if result.sol_us_measured is not None else None
+        passed = result.status is Status.PASSED and baseline is not None and result.sol_us is not None
+        return percent, measured, sol_score(latency, result.sol_us, baseline) if passed else None
 
 
 class Bench:
@@ -362,7 +390,7 @@ class Bench:
         self.device = device
         self.options = options
         self.scorer = Scorer(device, results_dir, solution.name)
-        self.baseline = {} if solution.name == BASELINE_SOLUTION else self.scorer.baseline_from_file()
+        self.baseline: dict[str, Baseline] = {} if solution.name == BASELINE_SOLUTION else self.scorer.baseline_from_file()
 
     def start(self) -> None:
         """Load the solution (an import error becomes every workload's COMPILE_ERROR) and note the clocks."""
@@ -465,40 +493,103 @@ class Bench:
         output_pool: list[list[torch.Tensor]],
         result: WorkloadResult,
     ) -> None:
-        produced: list[list[object]] = [[] for _ in pool]
-        last_seed = [0] * len(pool)
-        calls = iter(range(self.options.trials + LATE_WORK_RECHECKS, 1 << 62))
-
-        def prepare(k: int) -> None:
-            last_seed[k] = trial_seed(self.options.seed, index, next(calls))
-            fill_inputs(pool[k], workload.dims, last_seed[k])
-            guards.poison(output_pool[k])
-
-        def timed_call(k: int) -> None:
-            produced[k] = call(pool[k], output_pool[k])
-
+        """Device time over the input sets, call latency and host cost at fresh addresses, then the verification of
+        the timed calls' outputs; the optional CUDA-graph timing and kernel profile last."""
+        seeds = (trial_seed(self.options.seed, index, n) for n in range(self.options.trials + LATE_WORK_RECHECKS, 1 << 62))
         try:
-            timing = time_solution(timed_call, prepare, len(pool), self.device, self.options.timing)
+            result.device_time, on_sets = self._time_device(call, workload.dims, pool, output_pool, seeds)
+            result.call_latency, result.host, fresh = self._time_call_latency(call, workload.dims, pool[0], output_pool[0], seeds)
         except Exception as exc:  # noqa: BLE001 - a failure while timing is the solution's result
             result.status, result.message = Status.RUNTIME_ERROR, "during timing: " + _describe_exception(exc)
             return
-        result.timing = timing
+        if self.device.type == "cuda" and result.host.median_us > result.device_time.mean_us:
+            result.flags.append("HOST_BOUND")
         if result.status is Status.PASSED:
-            self._verify_timed_outputs(workload, pool, produced, last_seed, result)
+            self._verify_timed_outputs(workload, [*on_sets, fresh], result)
+        if self.options.cuda_graph:
+            result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
+        if self.options.kernels and self.device.type == "cuda":
 
-    def _verify_timed_outputs(
-        self, workload: Workload, pool: list[dict[str, torch.Tensor]], produced: list[list[object]], seeds: list[int], result: WorkloadResult
-    ) -> None:
-        """The outputs left by the last timed call on each input set must match the reference too."""
-        for inputs, outputs, seed in zip(pool, produced, seeds):
-            if not outputs:  # a set no timed call reached
-                continue
-            mutated = guards.mutated_inputs(generate_inputs(workload.dims, seed, self.device), inputs)
+            def prepare(i: int) -> None:
+                fill_inputs(pool[0], workload.dims, next(seeds))
+                guards.poison(output_pool[0])
+
+            result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
+
+    def _time_device(
+        self, call: SolutionCaller, dims: Dims, pool: list[dict[str, torch.Tensor]], output_pool: list[list[torch.Tensor]], seeds: Iterator[int]
+    ) -> tuple[TimingStats, list[TimedCall]]:
+        """Device time rotating over the input sets, redrawn in place before each call; the last call on each set."""
+        last = [TimedCall(inputs, 0) for inputs in pool]
+
+        def prepare(k: int) -> None:
+            last[k].seed = next(seeds)
+            fill_inputs(pool[k], dims, last[k].seed)
+            guards.poison(output_pool[k])
+
+        def timed_call(k: int) -> None:
+            last[k].outputs = call(pool[k], output_pool[k])
+
+        timing = time_device(timed_call, prepare, len(pool), self.device, self.options.timing)
+        return timing, [c for c in last if c.outputs]
+
+    def _time_call_latency(
+        self, call: SolutionCaller, dims: Dims, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], seeds: Iterator[int]
+    ) -> tuple[TimingStats, TimingStats, TimedCall]:
+        """Call latency and host cost, every call drawn at fresh addresses shaped like `inputs` and `outputs`; the last
+        call."""
+        config = self.options.timing
+        fresh = FreshAddresses([*inputs.values(), *outputs], config.warmup_calls + config.max_calls)
+        last = TimedCall({}, 0)
+        buffers: list[torch.Tensor] = []
+
+        def prepare(i: int) -> None:
+            tensors = fresh.at(i)
+            last.inputs, buffers[:] = dict(zip(inputs, tensors)), tensors[len(inputs) :]
+            last.seed = next(seeds)
+            fill_inputs(last.inputs, dims, last.seed)
+            guards.poison(buffers)
+
+        def timed_call(i: int) -> None:
+            last.outputs = call(last.inputs, buffers)
+
+        latency, host = time_call_latency(timed_call, prepare, self.device, config)
+        return latency, host, last
+
+    def _time_graph(
+        self, call: SolutionCaller, workload: Workload, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], seeds: Iterator[int]
+    ) -> GraphTiming:
+        """Replays of the call captured once in a CUDA graph, on inputs redrawn in place; the last replay's outputs must
+        pass the check."""
+        if self.device.type != "cuda":
+            return GraphTiming(error="CUDA graphs need a CUDA device")
+        try:
+            graph, produced = capture_graph(lambda: call(inputs, outputs), self.device)
+        except Exception as exc:  # noqa: BLE001 - a solution that cannot be captured is this mode's result
+            return GraphTiming(error="capture failed: " + _describe_exception(exc))
+
+        def prepare(i: int) -> None:
+            fill_inputs(inputs, workload.dims, next(seeds))
+            guards.poison(outputs)
+
+        try:
+            timing, _ = time_call_latency(lambda i: graph.replay(), prepare, self.device, self.options.timing)
+        except Exception as exc:  # noqa: BLE001
+            return GraphTiming(error="replay failed: " + _describe_exception(exc))
+        _, status, detail = check_outputs(workload, produced, compute_reference(inputs))
+        return GraphTiming(timing=timing, error="" if status is Status.PASSED else f"the last replay's outputs fail the check: {detail}")
+
+    def _verify_timed_outputs(self, workload: Workload, timed: list[TimedCall], result: WorkloadResult) -> None:
+        """The outputs left by the last timed call on each input set, and by the last call at fresh addresses, must match
+        the reference too."""
+        for checked in timed:
+            seed = checked.seed
+            mutated = guards.mutated_inputs(generate_inputs(workload.dims, seed, self.device), checked.inputs)
             if mutated:
                 result.status = Status.REWARD_HACK
                 result.message = f"inputs modified during timing (seed {seed}): {', '.join(mutated)}"
                 return
-            checks, status, detail = check_outputs(workload, outputs, compute_reference(inputs))
+            checks, status, detail = check_outputs(workload, checked.outputs, compute_reference(checked.inputs))
             if status is not Status.PASSED:
                 if any(_grossly_wrong(check) for check in checks):
                     result.status = Status.REWARD_HACK
@@ -510,6 +601,15 @@ class Bench:
                         f"(numerically marginal, not counted as cheating): {detail}"
                     )
                 return
+
+
+@dataclass
+class TimedCall:
+    """A timed call whose outputs are verified after timing: its inputs, the seed they were drawn from, its outputs."""
+
+    inputs: dict[str, torch.Tensor]
+    seed: int
+    outputs: list[object] = field(default_factory=list)
 
 
 def run_side_by_side(
@@ -533,6 +633,6 @@ def run_side_by_side(
             results[bench.solution.name].append(result)
             if bench.solution.name == BASELINE_SOLUTION and result.latency_us is not None:
                 for other in ordered:
-                    other.baseline[workload.uuid] = result.latency_us
+                    other.baseline[workload.uuid] = Baseline.of(result)
             on_done(bench, result)
     return [bench.finish(suite, results[bench.solution.name]) for bench in benches]

@@ -1,11 +1,18 @@
-"""Timing one solution on one workload.
+"""Timing one solution on one workload, two ways, with CUDA events and the L2 cache flushed before every call.
 
-On CUDA every call is bracketed by events on the current stream; before each call, outside the timed
-window, the caller's `prepare` poisons the outputs and the L2 cache is flushed by zeroing a buffer of
-twice its size. Calls rotate over several input sets, so no two consecutive calls see the same data or
-addresses. After a warm-up, calls are taken in batches until the standard error of the mean is under
-`target_rel_stderr` of the mean, or a cap on calls or seconds is reached. On a CPU the same statistics
-come from a wall clock and are labelled as such.
+- **Call latency** (`time_call_latency`, the headline): the device is synchronised before every call, as the
+  public SOL-ExecBench evaluator does, so the solution's own host time to issue its launches counts wherever the
+  GPU waits for it, as it does in a training step that cannot run ahead. Every call gets its inputs and outputs
+  at addresses no earlier call used (`FreshAddresses`), so no cache keyed by pointers serves it. The host's time
+  inside the call (its launches only: the redraw, flush and checks happen before it) is the solution's host cost.
+- **Device time** (`time_device`): the GPU's queue kept full, a spin on the GPU ahead of each batch of calls
+  letting the host queue the batch first, so every call starts when its predecessor ends. Calls rotate over a
+  few input sets. This is the kernels' own time, the figure to tune kernels by.
+
+Before each call, outside the timed window, the caller's `prepare` redraws the call's inputs and poisons its
+outputs. After a warm-up, calls are taken in batches until the standard error of the mean is under
+`target_rel_stderr` of the mean, or a cap on calls or seconds is reached. On a CPU the same statistics come
+from a wall clock and are labelled as such.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; the normal 1.96 beyond.
 _T95 = (
@@ -43,7 +50,7 @@ class TimingConfig:
 
 
 class TimingStats(BaseModel):
-    clock: Literal["cuda_events", "cpu_wall"]
+    clock: Literal["cuda_events", "cpu_wall", "host_wall"]
     mean_us: float
     median_us: float
     std_us: float
@@ -54,15 +61,10 @@ class TimingStats(BaseModel):
     ci95_high_us: float
     rel_stderr: float
     warmup_calls: int
-    input_sets: int
-    # Host time to issue one call (CUDA) or the call itself (CPU); above mean_us, the solution is host-bound.
-    # None in files of schema 1, which did not record it.
-    host_us: float | None = None
+    input_sets: int = Field(description="distinct input sets the calls rotated over; 0: every call had fresh addresses")
 
     @classmethod
-    def from_samples(
-        cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int, host_us: float
-    ) -> TimingStats:
+    def from_samples(cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int) -> TimingStats:
         n = len(samples_us)
         mean = statistics.fmean(samples_us)
         std = statistics.stdev(samples_us) if n > 1 else 0.0
@@ -81,7 +83,6 @@ class TimingStats(BaseModel):
             rel_stderr=stderr / mean if mean > 0 else 0.0,
             warmup_calls=warmup_calls,
             input_sets=input_sets,
-            host_us=host_us,
         )
 
 
@@ -91,6 +92,9 @@ def _converged(samples: list[float], config: TimingConfig) -> bool:
     mean = statistics.fmean(samples)
     return statistics.stdev(samples) / math.sqrt(len(samples)) < config.target_rel_stderr * mean
 
+
+# Taken when the harness is imported, before any solution is, so that a solution replacing it cannot shorten a timing.
+_device_synchronize = torch.cuda.synchronize
 
 # GPU cycles per second assumed when sizing the head start (the H200 runs at up to 1980 MHz); it only
 # needs to be long enough, not exact.
@@ -113,14 +117,95 @@ class L2Flusher:
         self.buffer.zero_()
 
 
-def time_solution(
+class FreshAddresses:
+    """Tensors that sit at addresses no earlier call of a workload used, at about 1x memory.
+
+    Each tensor gets one pool of its own size plus `SHIFT` bytes per call; call i's tensor is the view that starts
+    i * SHIFT bytes into its pool (the public evaluator's ShiftingMemoryPoolAllocator does the same). So every call
+    has distinct data pointers for every tensor, and a cache keyed by pointers (an output cache, a CUDA graph
+    captured for given addresses) never serves a timed call. SHIFT keeps every view 256-byte aligned, as fresh
+    allocations are.
+    """
+
+    SHIFT = 256
+
+    def __init__(self, templates: list[torch.Tensor], calls: int):
+        self.calls = calls
+        self.templates = [(t.shape, t.dtype, t.numel() * t.element_size()) for t in templates]
+        self.pools = [torch.empty(nbytes + self.SHIFT * calls, dtype=torch.uint8, device=t.device) for t, (_, _, nbytes) in zip(templates, self.templates)]
+
+    def at(self, call: int) -> list[torch.Tensor]:
+        """The tensors of call `call` (0 <= call < calls): views of the pools at call * SHIFT bytes."""
+        if not 0 <= call < self.calls:
+            raise IndexError(f"call {call} is outside the {self.calls} calls these pools were sized for")
+        offset = call * self.SHIFT
+        return [pool[offset : offset + nbytes].view(dtype).view(shape) for pool, (shape, dtype, nbytes) in zip(self.pools, self.templates)]
+
+
+def time_call_latency(
+    call: Callable[[int], None], prepare: Callable[[int], None], device: torch.device, config: TimingConfig = TimingConfig()
+) -> tuple[TimingStats, TimingStats]:
+    """(call latency, host cost) of `call(i)` for i = 0, 1, ...: `prepare(i)` gives call i its fresh inputs (at
+    addresses of its own, see FreshAddresses) outside the timed window; the device is idle when each call starts.
+    At most config.warmup_calls + config.max_calls calls are made."""
+    flush = L2Flusher(device) if device.type == "cuda" else None
+    samples: list[float] = []
+    host: list[float] = []
+    started = time.perf_counter()
+    i = 0
+    while len(samples) < config.max_calls:
+        prepare(i)
+        if flush is not None:
+            flush()
+            _device_synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        issue = time.perf_counter()
+        call(i)
+        issued = time.perf_counter()
+        if flush is not None:
+            end.record()
+            _device_synchronize(device)
+            elapsed_us = start.elapsed_time(end) * 1e3
+        else:
+            elapsed_us = (issued - issue) * 1e6
+        i += 1
+        if i <= config.warmup_calls:
+            continue
+        samples.append(elapsed_us)
+        host.append((issued - issue) * 1e6)
+        if len(samples) % config.batch_calls == 0 and (_converged(samples, config) or time.perf_counter() - started > config.max_seconds):
+            break
+    clock = "cuda_events" if flush is not None else "cpu_wall"
+    return (
+        TimingStats.from_samples(samples, clock, config.warmup_calls, input_sets=0),
+        TimingStats.from_samples(host, "host_wall", config.warmup_calls, input_sets=0),
+    )
+
+
+def capture_graph(call: Callable[[], list[object]], device: torch.device) -> tuple[torch.cuda.CUDAGraph, list[object]]:
+    """`call` captured once in a CUDA graph, after one warm-up call on a side stream (as torch.cuda.graph asks);
+    returns the graph and the outputs the captured call returned (the replays write them)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        produced = call()
+    return graph, produced
+
+
+def time_device(
     call: Callable[[int], None],
     prepare: Callable[[int], None],
     input_sets: int,
     device: torch.device,
     config: TimingConfig = TimingConfig(),
 ) -> TimingStats:
-    """Time `call(k)` on input set k, after `prepare(k)` outside the timed window, rotating k over the sets."""
+    """Device time of `call(k)` on input set k, after `prepare(k)` outside the timed window, rotating k over the sets
+    (on a CPU: the wall clock of the same calls)."""
     if device.type == "cuda":
         return _time_cuda(call, prepare, input_sets, device, config)
     return _time_cpu(call, prepare, input_sets, config)
@@ -132,19 +217,18 @@ def _time_cuda(
     flush = L2Flusher(device)
     host_seconds = []
     for k in range(config.warmup_calls):
-        torch.cuda.synchronize(device)
+        _device_synchronize(device)
         begin = time.perf_counter()
         prepare(k % input_sets)
         flush()
         call(k % input_sets)
         host_seconds.append(time.perf_counter() - begin)
-    torch.cuda.synchronize(device)
+    _device_synchronize(device)
     host_per_call = statistics.median(host_seconds)
-    # The events time the GPU's work. After each synchronisation the GPU's queue is empty, and where the
-    # host needs longer to issue an iteration (prepare, flush, the solution's launches) than the GPU needs
-    # to run it, later calls would time the host instead (seen on the H200: eager PyTorch and small-T
-    # Triton calls varied 1.5x). A spin on the GPU as long as 1.5x the host's time for the whole batch
-    # keeps the queue full, so every call of a batch starts when its predecessor ends.
+    # After each synchronisation the GPU's queue is empty, and where the host needs longer to issue an iteration
+    # (prepare, flush, the solution's launches) than the GPU needs to run it, later calls would time the host
+    # instead. A spin on the GPU as long as 1.5x the host's time for the whole batch keeps the queue full, so
+    # every call of a batch starts when its predecessor ends.
     head_start_cycles = int(max(1e-3, 1.5 * config.batch_calls * host_per_call) * SPIN_CYCLES_PER_SECOND)
 
     samples: list[float] = []
@@ -162,11 +246,11 @@ def _time_cuda(
             end.record()
             events.append((start, end))
             k += 1
-        torch.cuda.synchronize(device)
+        _device_synchronize(device)
         samples.extend(start.elapsed_time(end) * 1e3 for start, end in events)
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets, host_per_call * 1e6)
+    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets)
 
 
 def _time_cpu(
@@ -187,4 +271,4 @@ def _time_cpu(
             k += 1
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cpu_wall", config.warmup_calls, input_sets, statistics.fmean(samples))
+    return TimingStats.from_samples(samples, "cpu_wall", config.warmup_calls, input_sets)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from harness.registry import get_solution
-from harness.runner import Bench, BenchOptions
+from harness.runner import Baseline, Bench, BenchOptions
 from harness.timing import TimingConfig
 from harness.workloads import Suite
 
@@ -34,7 +34,7 @@ def main(command_fd: int, result_fd: int) -> int:
     try:
         suite = Suite.model_validate(setup["suite"])
         raw = setup["options"]
-        options = BenchOptions(trials=raw["trials"], seed=raw["seed"], input_sets=raw["input_sets"], timing=TimingConfig(**raw["timing"]))
+        options = BenchOptions(**{**raw, "timing": TimingConfig(**raw["timing"])})
         solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
         bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
         bench.start()
@@ -49,8 +49,8 @@ def main(command_fd: int, result_fd: int) -> int:
             send({"finish": json.loads(bench.finish(suite, []).model_dump_json())})
             return 0
         workload = by_uuid[command["workload"]]
-        if command.get("baseline_us") is not None:
-            bench.baseline[workload.uuid] = command["baseline_us"]
+        if command.get("baseline") is not None:
+            bench.baseline[workload.uuid] = Baseline(**command["baseline"])
         send({"result": json.loads(bench.workload(suite, workload).model_dump_json())})
     return 0
 

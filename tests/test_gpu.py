@@ -31,6 +31,7 @@ def test_public_workload_on_cuda(tmp_path: Path, solution: str) -> None:
     result = Bench(get_solution(solution), torch.device("cuda"), options, tmp_path).run(suite, [suite.workloads[14]])
     workload = result.workloads[0]
     assert workload.status is Status.PASSED, workload.message
-    assert workload.timing.clock == "cuda_events" and workload.timing.n >= 10
+    assert workload.call_latency.clock == workload.device_time.clock == "cuda_events" and workload.device_time.n >= 10
+    assert workload.host.median_us > 0 and workload.call_latency.mean_us > 0
     assert workload.sol_us is not None and 0 < workload.percent_of_sol < 100
     assert result.provenance.device_type == "cuda" and result.provenance.sm_count

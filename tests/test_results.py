@@ -9,7 +9,7 @@ import torch
 from harness import provenance
 from harness.registry import get_solution
 from harness.results import ResultsError, load_result, result_path, save
-from harness.runner import Bench, BenchOptions, Scorer
+from harness.runner import Baseline, Bench, BenchOptions, Scorer
 from harness.status import Status
 from harness.timing import TimingConfig, TimingStats
 from harness.workloads import load_named_suite
@@ -44,11 +44,11 @@ def test_baseline_comes_from_every_suites_full_runs(tmp_path: Path, bench_result
     """T_b for S: the baseline's full runs of the default suite and of the other suites (uuids name workloads in
     every suite); a partial run is not read."""
     first, second = bench_result.workloads[:2]
-    slower = first.model_copy(update={"timing": first.timing.model_copy(update={"mean_us": first.timing.mean_us + 1.0})})
+    slower = first.model_copy(update={"call_latency": first.call_latency.model_copy(update={"mean_us": first.latency_us + 1.0})})
     for workloads, partial, suite in (([first], False, None), ([second], False, "edges"), ([slower], True, None)):
         save(bench_result.model_copy(update={"workloads": workloads}), result_path(tmp_path, "cpu", "reference_fp32", partial, suite))
     baseline = Scorer(torch.device("cpu"), tmp_path).baseline_from_file()
-    assert baseline == {first.uuid: first.latency_us, second.uuid: second.latency_us}
+    assert baseline == {w.uuid: Baseline(w.latency_us, w.device_us) for w in (first, second)}
 
 
 def test_provenance_and_seeds_are_recorded(bench_result) -> None:
@@ -58,6 +58,22 @@ def test_provenance_and_seeds_are_recorded(bench_result) -> None:
     assert bench_result.workloads[0].trials[0].seed != bench_result.workloads[1].trials[0].seed
     assert "solution.py" in bench_result.solution.source_sha256
     assert len(bench_result.solution.source_sha256["solution.py"]) == 64
+
+
+def test_both_timings_and_the_host_cost_are_recorded(bench_result) -> None:
+    for w in bench_result.workloads:
+        assert w.call_latency.input_sets == 0 and w.device_time.input_sets == 3
+        assert w.host.clock == "host_wall" and w.host.n == w.call_latency.n
+        assert w.percent_of_sol is None and w.device_sol_score is None  # no peaks or baseline on the CPU
+
+
+def test_a_file_of_an_older_schema_is_refused_by_name(tmp_path: Path, bench_result) -> None:
+    raw = json.loads(bench_result.model_dump_json())
+    raw["schema_version"] = 2
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ResultsError, match=r"old.json.*schema 2 is not this harness's 3.*run `harness bench` again"):
+        load_result(path)
 
 
 def test_invalid_result_file_names_file_and_field(tmp_path: Path, bench_result) -> None:
@@ -70,7 +86,7 @@ def test_invalid_result_file_names_file_and_field(tmp_path: Path, bench_result) 
 
 
 def test_timing_statistics_from_samples() -> None:
-    stats = TimingStats.from_samples([10.0, 12.0, 14.0, 16.0], "cuda_events", warmup_calls=3, input_sets=3, host_us=5.0)
+    stats = TimingStats.from_samples([10.0, 12.0, 14.0, 16.0], "cuda_events", warmup_calls=3, input_sets=3)
     assert (stats.mean_us, stats.median_us, stats.min_us, stats.max_us, stats.n) == (13.0, 13.0, 10.0, 16.0, 4)
     assert stats.std_us == pytest.approx(2.5820, abs=1e-4)
     half = 3.182 * 2.5820 / 2  # t(0.975, 3 dof) * std / sqrt(n)
@@ -90,6 +106,7 @@ def test_side_by_side_interleaves_per_workload_and_feeds_the_baseline() -> None:
     assert eager.solution.name == "torch_eager" and baseline.solution.name == "reference_fp32"
     for mine, base in zip(eager.workloads, baseline.workloads):
         assert mine.baseline_us == base.latency_us is not None
+        assert mine.device_baseline_us == base.device_us is not None
 
 
 def test_harness_git_commit_overrides_the_working_copy(monkeypatch) -> None:

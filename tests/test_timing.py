@@ -1,0 +1,97 @@
+"""The two timings: call latency at fresh addresses and device time over rotating input sets."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.registry import get_solution
+from harness.runner import Bench, BenchOptions
+from harness.timing import FreshAddresses, TimingConfig, time_call_latency
+from harness.workloads import load_named_suite
+
+SMOKE = load_named_suite("smoke")
+FAST = TimingConfig(warmup_calls=1, min_calls=4, max_calls=6, batch_calls=2)
+
+
+def test_fresh_addresses_never_repeat_and_stay_aligned() -> None:
+    templates = [torch.empty(7, 3, dtype=torch.bfloat16), torch.empty(5, dtype=torch.int64), torch.empty(2, 2)]
+    fresh = FreshAddresses(templates, calls=20)
+    seen: set[int] = set()
+    for i in range(20):
+        views = fresh.at(i)
+        assert [(v.shape, v.dtype) for v in views] == [(t.shape, t.dtype) for t in templates]
+        assert all(v.is_contiguous() and v.data_ptr() % FreshAddresses.SHIFT == fresh.at(0)[k].data_ptr() % FreshAddresses.SHIFT
+                   for k, v in enumerate(views))  # fmt: skip
+        pointers = {v.data_ptr() for v in views}
+        assert not pointers & seen
+        seen |= pointers
+    with pytest.raises(IndexError, match="outside the 20 calls"):
+        fresh.at(20)
+
+
+def test_call_latency_counts_every_call_after_the_warm_up() -> None:
+    calls: list[int] = []
+    latency, host = time_call_latency(calls.append, lambda i: None, torch.device("cpu"), FAST)
+    assert calls[0] == 0 and calls == list(range(len(calls)))
+    assert latency.n == host.n == len(calls) - FAST.warmup_calls and latency.input_sets == 0
+    assert latency.clock == "cpu_wall" and host.clock == "host_wall"
+
+
+RECORDING = """
+import torch
+from reference import reference_backward
+
+POINTERS = []
+
+def run(*tensors):
+    POINTERS.append(tuple(t.data_ptr() for t in tensors))
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_no_two_call_latency_calls_share_an_address(make_solution) -> None:
+    """Every call under the call-latency timer sees every input and output at addresses that no other call of the
+    workload used (the device-time calls rotate over their input sets, at their own addresses)."""
+    root = make_solution("recording", RECORDING)
+    options = BenchOptions(trials=1, timing=FAST)
+    result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(SMOKE, SMOKE.workloads[:1])
+    workload = result.workloads[0]
+    assert workload.status.value == "PASSED", workload.message
+    pointers = sys.modules["harness_solutions.recording.solution"].POINTERS
+    fresh = pointers[-(workload.call_latency.n + FAST.warmup_calls) :]
+    assert len(fresh) == workload.call_latency.n + FAST.warmup_calls
+    flat = [p for call in fresh for p in call]
+    assert len(set(flat)) == len(flat)
+    earlier = {p for call in pointers[: -len(fresh)] for p in call}
+    assert not earlier & set(flat)
+
+
+HOST_SLEEP = """
+import time
+import torch
+from reference import reference_backward
+
+def run(*tensors):
+    results = reference_backward(*tensors[:12])
+    tensors[12].copy_(results[0])
+    time.sleep(0.02)  # the host busy between two launches
+    for out, value in zip(tensors[13:], results[1:]):
+        out.copy_(value)
+"""
+
+
+@pytest.mark.gpu
+def test_host_time_counts_in_call_latency_not_in_device_time(make_solution, tmp_path: Path) -> None:
+    root = make_solution("host_sleep", HOST_SLEEP)
+    options = BenchOptions(trials=1, timing=TimingConfig(max_calls=20))
+    suite = load_named_suite("public")
+    workload = Bench(get_solution("host_sleep", root), torch.device("cuda"), options, tmp_path).run(suite, [suite.workloads[14]]).workloads[0]
+    assert workload.status.value == "PASSED", workload.message
+    assert workload.host.median_us >= 20_000
+    assert workload.call_latency.mean_us >= workload.host.median_us
+    assert workload.device_time.mean_us < 20_000 and "HOST_BOUND" in workload.flags
