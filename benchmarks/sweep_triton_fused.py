@@ -25,7 +25,7 @@ import torch
 
 from harness.problem import OUTPUTS, Dims
 from harness.registry import get_solution
-from harness.timing import TimingConfig, time_solution
+from harness.timing import TimingConfig, time_device
 from reference import generate_inputs
 
 TOKENS = (64, 128, 256, 336, 512, 2048)
@@ -89,7 +89,7 @@ SWEEP_TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005,
 
 def gpu_time_us(fn: Callable[[], None], config: TimingConfig = SWEEP_TIMING) -> float:
     """Mean of the harness's CUDA-event timer over calls of fn on one input set."""
-    return time_solution(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
+    return time_device(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
 
 
 def sweep_stages(fused, tiles: dict[str, list], tokens: int, problem: Callable[[int], object], stages, record) -> dict:

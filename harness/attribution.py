@@ -49,9 +49,12 @@ def profile_kernels(
         prepare(i)
         flush()
         torch.cuda.synchronize(device)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            call(i)
-            torch.cuda.synchronize(device)
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                call(i)
+                torch.cuda.synchronize(device)
+        except RuntimeError as exc:  # the profiler unavailable: attribution is informational, the timings stand
+            return KernelProfile(calls=0, span_us=0.0, busy_us=0.0, kernels=[], note=f"the profiler failed: {exc}")
         runs.append(_activities(prof))
     seen = [run for run in runs if run]
     if not seen:

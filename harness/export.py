@@ -19,7 +19,6 @@ from harness.problem import FFN_DIM, HIDDEN_DIM, MODEL, NAME, PUBLIC_ALIAS
 from harness.provenance import REPO_ROOT
 from harness.registry import Solution
 from harness.results import BenchResult, WorkloadResult
-from harness.timing import TimingStats
 from harness.solexecbench import (
     Correctness,
     Environment,
@@ -34,6 +33,7 @@ from harness.solexecbench import (
     workload_jsonl,
 )
 from harness.status import Status
+from harness.timing import TimingStats
 from harness.workloads import Suite
 
 # The files that define the problem, bundled into the one self-contained reference source of the

@@ -6,7 +6,6 @@ Calibration files (`results/<device>/calibration.json`) hold the ceilings measur
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from harness import guards, provenance
+from harness.attribution import profile_kernels
 from harness.correctness import OutputCheck, check_output
 from harness.problem import OUTPUTS, Dims, bytes_moved, flops
 from harness.registry import Solution
@@ -44,7 +45,6 @@ from harness.results import (
 )
 from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
 from harness.status import Status, worst
-from harness.attribution import profile_kernels
 from harness.timing import FreshAddresses, TimingConfig, TimingStats, capture_graph, time_call_latency, time_device
 from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices

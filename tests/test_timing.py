@@ -59,7 +59,9 @@ def test_no_two_call_latency_calls_share_an_address(make_solution) -> None:
     workload used (the device-time calls rotate over their input sets, at their own addresses)."""
     root = make_solution("recording", RECORDING)
     options = BenchOptions(trials=1, timing=FAST)
-    result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(SMOKE, SMOKE.workloads[:1])
+    result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(
+        SMOKE, SMOKE.workloads[:1]
+    )
     workload = result.workloads[0]
     assert workload.status.value == "PASSED", workload.message
     pointers = sys.modules["harness_solutions.recording.solution"].POINTERS
@@ -90,7 +92,11 @@ def test_host_time_counts_in_call_latency_not_in_device_time(make_solution, tmp_
     root = make_solution("host_sleep", HOST_SLEEP)
     options = BenchOptions(trials=1, timing=TimingConfig(max_calls=20))
     suite = load_named_suite("public")
-    workload = Bench(get_solution("host_sleep", root), torch.device("cuda"), options, tmp_path).run(suite, [suite.workloads[14]]).workloads[0]
+    workload = (
+        Bench(get_solution("host_sleep", root), torch.device("cuda"), options, tmp_path)
+        .run(suite, [suite.workloads[14]])
+        .workloads[0]
+    )
     assert workload.status.value == "PASSED", workload.message
     assert workload.host.median_us >= 20_000
     assert workload.call_latency.mean_us >= workload.host.median_us

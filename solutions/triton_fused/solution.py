@@ -11,6 +11,7 @@ it needs torch and triton only, so an exported copy runs without this repository
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +37,7 @@ from .kernels import (
     weight_grad_kernel,
     zero_unselected_kernel,
 )
+from .launch import LaunchSequence
 from .weight_grad_warp_specialized import weight_grad_ws_kernel
 
 # The destination-passing calling convention of the problem: 12 inputs, then 5 outputs, in this order.
@@ -452,7 +454,13 @@ def _grid(tiles: int, tile: Tile, device: torch.device) -> tuple[int]:
 
 @dataclass
 class Problem:
-    """The 12 inputs and 5 outputs of one call, with the intermediate buffers the stages pass along."""
+    """The 12 inputs and 5 outputs of the current call, with the scratch buffers the stages pass along.
+
+    One Problem serves every call whose plan and tensors' shapes, strides, dtypes and alignment are the same
+    (call_context): its scratch buffers, the descriptors over them, its events and its launch sites (launch.py) are
+    made once, and each call binds its own inputs and outputs (begin). Calls on one stream are ordered, and each
+    ends with the caller's stream waiting for the side stream, so a call's scratch is free when the next one starts.
+    """
 
     inputs: dict[str, torch.Tensor]
     outputs: dict[str, torch.Tensor]
@@ -495,6 +503,63 @@ class Problem:
             raise ValueError(f"the gather's {self.rows * self.routing_chunks} programs zero the call's counters, one each: "
                              f"too few for {self.counters.numel()}")
         self.arrivals = self.counters[TILE_COUNTERS:] if split_to_rows else None
+        self.launches = LaunchSequence(self.device)
+        # The call's descriptors and events, in the order the call asks for them (the same in every call of this
+        # Problem), made on the first call and reused: a descriptor gets the call's tensor as its base (shape, strides
+        # and block are the Problem's), an event is recorded again.
+        self._descriptors: list[TensorDescriptor | GluonTensorDescriptor] = []
+        self._events: list[torch.cuda.Event] = []
+        self._next_descriptor = self._next_event = 0
+        self.caller: torch.cuda.Stream | None = None  # the stream the call was made on (CUDA only)
+        self.issuing: torch.cuda.Stream | None = None  # where launches go: None for the caller's stream
+
+    def begin(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+        """Bind one call's inputs and outputs; its launches, descriptors, events and tile counters start from the
+        first."""
+        self.inputs, self.outputs = inputs, outputs
+        self.launches.restart()
+        self.weight_grad_launches = self._next_descriptor = self._next_event = 0
+        self.caller = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        self.issuing = None
+
+    def launch(self, kernel: object, grid: tuple[int, ...], *args: object, **kwargs: object) -> None:
+        self.launches.launch(kernel, grid, self.issuing, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def issuing_on(self, stream: torch.cuda.Stream) -> Iterator[None]:
+        """Launches of the block go to `stream` (set here rather than as torch's current stream, which costs more)."""
+        self.issuing = stream
+        try:
+            yield
+        finally:
+            self.issuing = None
+
+    def descriptor(self, tensor: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+        return self._descriptor_of(tensor, block_shape, _descriptor)
+
+    def gluon_descriptor(self, tensor: torch.Tensor, block_shape: list[int]) -> GluonTensorDescriptor:
+        return self._descriptor_of(tensor, block_shape, _gluon_descriptor)
+
+    def _descriptor_of(self, tensor: torch.Tensor, block_shape: list[int], make: Callable) -> object:
+        """The call's next descriptor, over `tensor`: made (and checked) on the first call, on later ones the same
+        object with `tensor` as its base; call_context keys the Problem by everything else a descriptor holds."""
+        if self._next_descriptor == len(self._descriptors):
+            self._descriptors.append(make(tensor, block_shape))
+        descriptor = self._descriptors[self._next_descriptor]
+        self._next_descriptor += 1
+        descriptor.base = tensor
+        return descriptor
+
+    def recorded_event(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+        """An event marking the work issued so far on `stream` (None without a side stream: all work is in order)."""
+        if stream is None:
+            return None
+        if self._next_event == len(self._events):
+            self._events.append(torch.cuda.Event())
+        event = self._events[self._next_event]
+        self._next_event += 1
+        event.record(stream)
+        return event
 
     def tile_counter(self) -> torch.Tensor:
         """The tile-claim counter of the next launch of the Gluon weight gradient in this call."""
@@ -513,7 +578,7 @@ def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) ->
     launch_dependents the next kernel on the stream may be launched as a programmatic dependent before it ends."""
     i = p.inputs
     last_step = (p.tokens - 1) // p.k_step * p.k_step
-    gather_kernel[(p.rows, p.routing_chunks)](
+    p.launch(gather_kernel, (p.rows, p.routing_chunks),
         i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.counters, p.tokens, p.hidden,
         last_step, last_step + p.k_step - p.tokens, p.counters.numel(), BLOCK_H=ROW_BLOCK_H, WRITE_G=write_g,
         LAUNCH_DEPENDENTS=launch_dependents,
@@ -524,7 +589,7 @@ def routing_x16(p: Problem) -> None:
     """x16 and the routing sums' partials; where dx writes its rows itself and no scatter ends the call, the routing
     weights are finished right behind, on the same stream."""
     i = p.inputs
-    routing_x16_kernel[(p.rows, p.routing_chunks)](
+    p.launch(routing_x16_kernel, (p.rows, p.routing_chunks),
         i["grad_output"], i["token_indices"], i["selected_tokens"], i["expert_output"], p.x_precise, p.routing_partials,
         p.tokens, p.hidden, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
@@ -535,7 +600,7 @@ def routing_x16(p: Problem) -> None:
 def zero_unselected(p: Problem) -> None:
     o = p.outputs
     block_h = min(ZERO_BLOCK_H, triton.next_power_of_2(p.hidden))
-    zero_unselected_kernel[(p.tokens + 1, triton.cdiv(p.hidden, block_h))](
+    p.launch(zero_unselected_kernel, (p.tokens + 1, triton.cdiv(p.hidden, block_h)),
         p.inputs["token_indices"], o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.batch, p.hidden,
         BLOCK_H=block_h,
     )  # fmt: skip
@@ -544,13 +609,13 @@ def zero_unselected(p: Problem) -> None:
 def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
     """dh and the SwiGLU backward, reading g (gathered) or the rows of grad_output that token_indices selects."""
     i = p.inputs
-    g = _descriptor(p.g, [t.block_m, t.block_k]) if gathered else i["grad_output"]
+    g = p.descriptor(p.g, [t.block_m, t.block_k]) if gathered else i["grad_output"]
     block = [t.block_m, t.block_n // t.epilogue_split]
-    outputs = [_descriptor(half, block) for half in p.halves(p.dd)]
-    outputs += [_descriptor(half, block) for half in p.halves(p.dd_low)] if p.low_copy else [None, None]
+    outputs = [p.descriptor(half, block) for half in p.halves(p.dd)]
+    outputs += [p.descriptor(half, block) for half in p.halves(p.dd_low)] if p.low_copy else [None, None]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
-    dh_swiglu_kernel[_grid(tiles, t, p.device)](
-        g, i["token_indices"], _descriptor(i["w2_weight"], [t.block_k, t.block_n]),
+    p.launch(dh_swiglu_kernel, _grid(tiles, t, p.device),
+        g, i["token_indices"], p.descriptor(i["w2_weight"], [t.block_k, t.block_n]),
         i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         GATHERED=gathered, LOW_COPY=p.low_copy, num_warps=t.num_warps, num_stages=t.num_stages,
@@ -564,8 +629,13 @@ def _require_gpu(tensor: torch.Tensor, kernel: str) -> None:
 
 def _gluon_descriptor(tensor: torch.Tensor, block_shape: list[int]) -> GluonTensorDescriptor:
     _check_tma_alignment(tensor)
-    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[tensor.dtype]
-    return GluonTensorDescriptor.from_tensor(tensor, block_shape, gl.NVMMASharedLayout.get_default_for(block_shape, dtype))
+    return GluonTensorDescriptor.from_tensor(tensor, block_shape, _shared_layout(tuple(block_shape), tensor.dtype))
+
+
+@functools.cache
+def _shared_layout(block_shape: tuple[int, ...], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The Gluon descriptors' shared-memory layout, computed once per block and dtype (several microseconds each)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype])
 
 
 def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, after_gather: bool = False) -> None:
@@ -574,13 +644,13 @@ def dh_swiglu_warp_specialized(p: Problem, w: WarpSpecializedDh, after_gather: b
     it on this stream."""
     _require_gpu(p.g, "dh")
     i = p.inputs
-    activations = [_gluon_descriptor(i[name], [WS_BLOCK_M, w.act_width]) for name in ("w1_output", "up_output", "gate_output")]
+    activations = [p.gluon_descriptor(i[name], [WS_BLOCK_M, w.act_width]) for name in ("w1_output", "up_output", "gate_output")]
     tiles = triton.cdiv(p.tokens, WS_BLOCK_M) * triton.cdiv(p.ffn, w.block_n)
     programs = min(tiles, _multiprocessors(p.device))
     if w.fewest_programs:
         programs = triton.cdiv(tiles, triton.cdiv(tiles, programs))
-    dh_swiglu_ws_kernel[(programs,)](
-        _gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), _gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
+    p.launch(dh_swiglu_ws_kernel, (programs,),
+        p.gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), p.gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
         *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
         STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=after_gather, num_warps=8, launch_pdl=after_gather,
     )  # fmt: skip
@@ -596,9 +666,9 @@ def _weight_grad(p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch
     group_m = t.group_m or row_tiles
     if (high_from // t.block_m) % group_m:
         raise ValueError(f"group_m {group_m} must divide the {high_from // t.block_m} rows of tiles stored through c")
-    weight_grad_kernel[_grid(row_tiles * triton.cdiv(n, t.block_n), t, p.device)](
-        _descriptor(a, [t.block_k, t.block_m]), _descriptor(b, [t.block_k, t.block_n]),
-        _descriptor(c, store), _descriptor(c if c_high is None else c_high, store), p.tokens, b.shape[0], m, n, high_from,
+    p.launch(weight_grad_kernel, _grid(row_tiles * triton.cdiv(n, t.block_n), t, p.device),
+        p.descriptor(a, [t.block_k, t.block_m]), p.descriptor(b, [t.block_k, t.block_n]),
+        p.descriptor(c, store), p.descriptor(c if c_high is None else c_high, store), p.tokens, b.shape[0], m, n, high_from,
         group_m,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
@@ -677,10 +747,10 @@ def _weight_grad_warp_specialized(p: Problem, w: WarpSpecializedWeightGrad, a: t
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
     store = [WS_BLOCK_M // 2, WS_STORE_WIDTH]
-    weight_grad_ws_kernel[(min(tiles, w.programs or _multiprocessors(p.device)),)](
-        _gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), _gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
-        _gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), _gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
-        _gluon_descriptor(c, store), _gluon_descriptor(c if c_high is None else c_high, store),
+    p.launch(weight_grad_ws_kernel, (min(tiles, w.programs or _multiprocessors(p.device)),),
+        p.gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), p.gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
+        p.gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), p.gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
+        p.gluon_descriptor(c, store), p.gluon_descriptor(c if c_high is None else c_high, store),
         p.tile_counter() if w.dynamic else p.counters, m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps,
         tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
         DYNAMIC=w.dynamic,
@@ -713,7 +783,7 @@ def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bo
         launches.append((a, b, a, b, half * p.dx_split))
     unused = rows  # a stand-in for the partials and counters that a launch does not use (a pointer all the same)
     for a, b, a_up, b_up, first_partial in launches:
-        dx_kernel[(tiles, p.dx_split)](
+        p.launch(dx_kernel, (tiles, p.dx_split),
             a, b, a_up, b_up, unused if p.partials is None else p.partials, unused if p.arrivals is None else p.arrivals,
             p.inputs["token_indices"], rows, p.tokens, p.hidden, p.ffn // p.dx_split, first_partial,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, TO_ROWS=p.dx_to_rows,
@@ -723,19 +793,19 @@ def dx(p: Problem, t: Tile, halves: Sequence[int] = (0, 1), warp_specialized: bo
 
 def _dx_operands(p: Problem, t: Tile, half: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     """The descriptors of Triton's dx over one half of K: (d_a, w1) or (d_up, w3), d_a and d_up from the bf16 copy."""
-    return (_descriptor(p.halves(p.dd_low)[half], [t.block_m, t.block_k]),
-            _descriptor(p.inputs[("w1_weight", "w3_weight")[half]], [t.block_k, t.block_n]))  # fmt: skip
+    return (p.descriptor(p.halves(p.dd_low)[half], [t.block_m, t.block_k]),
+            p.descriptor(p.inputs[("w1_weight", "w3_weight")[half]], [t.block_k, t.block_n]))  # fmt: skip
 
 
 def _dx_warp_specialized(p: Problem, t: Tile, tiles: int, halves: Sequence[int]) -> None:
     _require_gpu(p.dd, "dx")
     if p.dx_to_rows and list(halves) not in ([], [0, 1]):
         raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch")
-    dd = _gluon_descriptor(p.dd, [t.block_m, t.block_k])
-    w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight"))
+    dd = p.gluon_descriptor(p.dd, [t.block_m, t.block_k])
+    w1, w3 = (p.gluon_descriptor(p.inputs[name], [t.block_k, t.block_n]) for name in ("w1_weight", "w3_weight"))
     rows = p.outputs["grad_hidden_states"]
     for first, count in _launches(halves):
-        dx_ws_kernel[(tiles, count * p.dx_split)](
+        p.launch(dx_ws_kernel, (tiles, count * p.dx_split),
             dd, w1, w3, p.partials, rows if p.arrivals is None else p.arrivals, p.inputs["token_indices"], rows,
             p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
             STAGES=t.num_stages, TO_ROWS=p.dx_to_rows, num_warps=t.num_warps,
@@ -749,13 +819,13 @@ def _launches(halves: Sequence[int]) -> list[tuple[int, int]]:
 
 def _dx_swap_ab(p: Problem, t: Tile, s: SwapAbDx, halves: Sequence[int]) -> None:
     _require_gpu(p.dd_low, "dx")
-    w1, w3 = (_gluon_descriptor(p.inputs[name], [t.block_k, SWAP_AB_BLOCK_H]) for name in ("w1_weight", "w3_weight"))
-    chunks = [_gluon_descriptor(p.dd_low, [width, t.block_k]) for width in s.chunks]
+    w1, w3 = (p.gluon_descriptor(p.inputs[name], [t.block_k, SWAP_AB_BLOCK_H]) for name in ("w1_weight", "w3_weight"))
+    chunks = [p.gluon_descriptor(p.dd_low, [width, t.block_k]) for width in s.chunks]
     chunks += chunks[:1] * (3 - len(chunks))  # unused
     stage_bytes = 2 * t.block_k * (SWAP_AB_BLOCK_H + s.block_tokens)
     token_blocks = triton.cdiv(p.tokens, s.block_tokens)
     for first, count in _launches(halves):
-        dx_swap_ab_kernel[(triton.cdiv(p.hidden, SWAP_AB_BLOCK_H), count * p.dx_split, token_blocks)](
+        p.launch(dx_swap_ab_kernel, (triton.cdiv(p.hidden, SWAP_AB_BLOCK_H), count * p.dx_split, token_blocks),
             w1, w3, *chunks, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
             CHUNKS=len(s.chunks), STAGES=s.stages, STAGE_BYTES=stage_bytes, num_warps=8,
         )  # fmt: skip
@@ -766,11 +836,11 @@ def dx_grad_w13(p: Problem, w: WarpSpecializedDxGradW13) -> None:
     _check_dx_grad_w13)."""
     _require_gpu(p.dd, "dx with grad_w1/grad_w3")
     i, o = p.inputs, p.outputs
-    weights = [_gluon_descriptor(i[name], [FUSED_BLOCK_K, FUSED_BLOCK_N]) for name in ("w1_weight", "w3_weight")]
-    grads = [_gluon_descriptor(o[name], [FUSED_BLOCK_K, FUSED_BLOCK_N // 2]) for name in ("grad_w1_weight", "grad_w3_weight")]
+    weights = [p.gluon_descriptor(i[name], [FUSED_BLOCK_K, FUSED_BLOCK_N]) for name in ("w1_weight", "w3_weight")]
+    grads = [p.gluon_descriptor(o[name], [FUSED_BLOCK_K, FUSED_BLOCK_N // 2]) for name in ("grad_w1_weight", "grad_w3_weight")]
     splits = 2 * p.dx_split
-    dx_grad_weight_ws_kernel[(triton.cdiv(p.hidden, FUSED_BLOCK_N), splits)](
-        _gluon_descriptor(p.dd, [FUSED_BLOCK_M, FUSED_BLOCK_K]), _gluon_descriptor(p.x_precise, [FUSED_BLOCK_M, FUSED_BLOCK_N]),
+    p.launch(dx_grad_weight_ws_kernel, (triton.cdiv(p.hidden, FUSED_BLOCK_N), splits),
+        p.gluon_descriptor(p.dd, [FUSED_BLOCK_M, FUSED_BLOCK_K]), p.gluon_descriptor(p.x_precise, [FUSED_BLOCK_M, FUSED_BLOCK_N]),
         *weights, *grads, p.partials, p.tokens, p.hidden, p.ffn, 2 * p.ffn // splits,
         STAGES=w.stages, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
@@ -779,23 +849,45 @@ def dx_grad_w13(p: Problem, w: WarpSpecializedDxGradW13) -> None:
 def scatter(p: Problem, routing_only: bool = False) -> None:
     """The selected rows of grad_hidden_states from dx's partials and their routing weights, or only the latter."""
     o = p.outputs
-    scatter_kernel[(p.tokens, 1 if routing_only else p.routing_chunks)](
+    p.launch(scatter_kernel, (p.tokens, 1 if routing_only else p.routing_chunks),
         p.inputs["token_indices"], o["grad_hidden_states"] if routing_only else p.partials, p.routing_partials,
         o["grad_hidden_states"], o["grad_routing_weights"], p.tokens, p.hidden,
         SPLIT_K=0 if routing_only else 2 * p.dx_split, ROUTING_CHUNKS=p.routing_chunks, BLOCK_H=ROW_BLOCK_H,
     )  # fmt: skip
 
 
-def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: torch.dtype = torch.float16) -> None:
-    """The whole backward on the 12 inputs and 5 outputs named by INPUT_NAMES and OUTPUT_NAMES, in that order.
+# Call contexts kept (call_context): a training run meets a few shapes, a benchmark suite ten; each context holds the
+# scratch of one shape (about 0.3 GB at T = 2048).
+CONTEXTS_KEPT = 8
+_CONTEXTS: collections.OrderedDict[tuple, Problem] = collections.OrderedDict()
 
-    `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU; the CPU tests use fp32).
-    """
+
+def call_context(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: torch.dtype) -> Problem:
+    """The Problem that serves calls of this plan on tensors of these shapes, strides, dtypes and 16-byte alignment
+    (which is all the kernels' specialisation depends on) on the current stream: made, and the plan checked against
+    the shapes, on the first such call."""
+    first = tensors[0]
+    stream = torch._C._cuda_getCurrentRawStream(first.device.index) if first.is_cuda else None
+    key = (plan, precise_dtype, first.device, stream, *((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in tensors))
+    p = _CONTEXTS.get(key)
+    if p is None:
+        p = _new_problem(tensors, plan, precise_dtype)
+        _CONTEXTS[key] = p
+        if len(_CONTEXTS) > CONTEXTS_KEPT:
+            _CONTEXTS.popitem(last=False)
+    else:
+        _CONTEXTS.move_to_end(key)
+    return p
+
+
+def _new_problem(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: torch.dtype) -> Problem:
+    """Check that the plan can run on these tensors and make their Problem."""
+    if len(tensors) != len(INPUT_NAMES) + len(OUTPUT_NAMES):
+        raise ValueError(f"backward takes the {len(INPUT_NAMES)} inputs and {len(OUTPUT_NAMES)} outputs, not {len(tensors)} tensors")
     inputs = dict(zip(INPUT_NAMES, tensors[:12]))
     outputs = dict(zip(OUTPUT_NAMES, tensors[12:]))
     hidden, ffn = inputs["grad_output"].shape[1], inputs["w1_weight"].shape[0]
     tokens = inputs["token_indices"].numel()
-    plan = plan or plan_for(tokens)
     if hidden % plan.dh.block_k or ffn % plan.dx.block_k:
         raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {plan}")
     if any(ROW_PAD % t.block_m for t in (plan.dh, plan.dx)) or any(ROW_PAD % t.block_k for t in (plan.grad_w2, plan.grad_w13)):
@@ -831,10 +923,21 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if plan.scatter_after_dx and (any(plan.dx_on_side) or plan.scatter_on_side or plan.dx_writes_rows or plan.dx_grad_w13):
         raise ValueError("scatter_after_dx runs scatter behind both halves of dx on the caller's stream: not with dx on the "
                          "side stream, scatter_on_side, dx_writes_rows or dx_grad_w13")
-    p = Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, tokens),
+    return Problem(inputs, outputs, precise_dtype, dx_split_for(plan, ffn), grad_w2_last_step(plan, tokens),
                 needs_low_copy(plan), plan.dx_writes_rows,
                 triton.cdiv(tokens, plan.dx.block_m) * triton.cdiv(hidden, plan.dx.block_n),
                 dx_sums_halves=plan.dx_writes_rows and not plan.dx_warp_specialized)  # fmt: skip
+
+
+def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: torch.dtype = torch.float16) -> None:
+    """The whole backward on the 12 inputs and 5 outputs named by INPUT_NAMES and OUTPUT_NAMES, in that order.
+
+    `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU; the CPU tests use fp32).
+    """
+    tokens = tensors[1].numel()
+    plan = plan or plan_for(tokens)
+    p = call_context(tensors, plan, precise_dtype)
+    p.begin(dict(zip(INPUT_NAMES, tensors[:12])), dict(zip(OUTPUT_NAMES, tensors[12:])))
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
     # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
@@ -842,25 +945,25 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     # caller's stream waits for x16 (and ge, if it runs grad_w2) before grad_w1/grad_w3 (and its scatter) and for all of
     # the side stream at the end, so every buffer outlives its use there and the caller's stream sees all of the work.
     side = _side_stream(p.g.device) if p.g.is_cuda and plan.uses_side_stream else None
-    caller = torch.cuda.current_stream() if side is not None else None  # only used with a side stream
-    with _beside(side, True):
+    caller = p.caller if side is not None else None  # only used with a side stream
+    with _beside(p, side, True):
         if plan.dh_gathers_rows:
             gather(p, write_g=False)
         # dx's arrival counters, which the gather zeroes, where the gather runs on the side stream
-        counters_zeroed = _recorded_event(side) if plan.dh_gathers_rows and p.arrivals is not None else None
+        counters_zeroed = p.recorded_event(side) if plan.dh_gathers_rows and p.arrivals is not None else None
         if plan.zeros_at == "start":
             zero_unselected(p)
         if plan.x16_at == "start":
             routing_x16(p)
-        side_operands_ready = _recorded_event(side)
+        side_operands_ready = p.recorded_event(side)
     if not plan.dh_gathers_rows:
         gather(p, launch_dependents=plan.dh_programmatic_launch)
-    with _beside(side, plan.grad_w2_on_side):
+    with _beside(p, side, plan.grad_w2_on_side):
         if side_operands_ready is not None and not plan.grad_w2_on_side:
             caller.wait_event(side_operands_ready)  # ge may come from the side stream
         if plan.x16_at == "after_gather":
             routing_x16(p)
-            side_operands_ready = _recorded_event(side)
+            side_operands_ready = p.recorded_event(side)
         grad_w2(p, plan.grad_w2, plan.grad_w2_warp_specialized)
         if plan.zeros_at == "after_grad_w2":
             zero_unselected(p)
@@ -868,14 +971,14 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         dh_swiglu_warp_specialized(p, plan.dh_warp_specialized, plan.dh_programmatic_launch)
     else:
         dh_swiglu(p, plan.dh, gathered=not plan.dh_gathers_rows)
-    dh_done = _recorded_event(caller)
+    dh_done = p.recorded_event(caller)
     if "after_dh" in (plan.x16_at, plan.zeros_at):
-        with _after(side, dh_done):
+        with _after(p, side, dh_done):
             if plan.zeros_at == "after_dh":
                 zero_unselected(p)
             if plan.x16_at == "after_dh":
                 routing_x16(p)
-                side_operands_ready = _recorded_event(side)
+                side_operands_ready = p.recorded_event(side)
     scatter_on_side = side is not None and plan.scatter_on_side and plan.dx_grad_w13 is None
     if counters_zeroed is not None:
         caller.wait_event(counters_zeroed)
@@ -886,10 +989,10 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     else:
         _dx_and_grad_w13(p, plan, side, caller, dh_done, side_operands_ready, scatter_on_side)
     if plan.zeros_at == "last":
-        with _after(side, dh_done):  # the side stream is past dh_done already
+        with _after(p, side, dh_done):  # the side stream is past dh_done already
             zero_unselected(p)
     if side is not None:
-        caller.wait_stream(side)
+        caller.wait_event(p.recorded_event(side))
     if not (scatter_on_side or plan.scatter_after_dx or plan.dx_writes_rows):
         scatter(p)
 
@@ -907,15 +1010,15 @@ def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, cal
         scatter(p)
     if plan.zeros_at == "after_dx":
         zero_unselected(p)
-    caller_dx_done = _recorded_event(caller) if scatter_on_side else None
+    caller_dx_done = p.recorded_event(caller) if scatter_on_side else None
     if on_side:
-        with _after(side, dh_done):
+        with _after(p, side, dh_done):
             dx(p, plan.dx, on_side, plan.dx_warp_specialized, plan.dx_swap_ab)
     if scatter_on_side:
-        with _after(side, caller_dx_done):  # the routing sums are ordered before it on the side stream already
+        with _after(p, side, caller_dx_done):  # the routing sums are ordered before it on the side stream already
             scatter(p)
     if side is not None and plan.grad_w13_on_side:
-        with _after(side, dh_done):  # x16 is ordered before it on the side stream already
+        with _after(p, side, dh_done):  # x16 is ordered before it on the side stream already
             grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
     else:
         if side_operands_ready is not None:
@@ -923,34 +1026,26 @@ def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, cal
         grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
 
 
-def _recorded_event(stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
-    """An event marking the work issued so far on `stream` (None without a side stream: all work is in order)."""
-    if stream is None:
-        return None
-    event = torch.cuda.Event()
-    event.record(stream)
-    return event
-
-
 @contextlib.contextmanager
-def _beside(side: torch.cuda.Stream | None, enabled: bool) -> Iterator[None]:
-    """Issue the block on the side stream, after everything issued so far on the current one, if enabled."""
+def _beside(p: Problem, side: torch.cuda.Stream | None, enabled: bool) -> Iterator[None]:
+    """Issue the block's launches on the side stream, after everything issued so far on the caller's, if enabled."""
     if side is None or not enabled:
         yield
         return
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    side.wait_event(p.recorded_event(p.caller))
+    with p.issuing_on(side):
         yield
 
 
 @contextlib.contextmanager
-def _after(side: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> Iterator[None]:
-    """Issue the block on the side stream, after the work that `event` marks (without a side stream: in order)."""
+def _after(p: Problem, side: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> Iterator[None]:
+    """Issue the block's launches on the side stream, after the work that `event` marks (without a side stream: in
+    order)."""
     if side is None:
         yield
         return
     side.wait_event(event)
-    with torch.cuda.stream(side):
+    with p.issuing_on(side):
         yield
 
 
