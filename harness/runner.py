@@ -36,6 +36,7 @@ from harness.results import (
     BenchConfig,
     BenchResult,
     GraphTiming,
+    ResultsError,
     SolutionRecord,
     TrialReport,
     WorkloadResult,
@@ -331,9 +332,16 @@ class Scorer:
 
     def baseline_from_file(self) -> dict[str, Baseline]:
         """T_b per workload uuid from this device's reference_fp32 result files, those of every suite in workloads/
-        (full runs only; a workload's uuid names it in every suite)."""
+        (full runs only; a workload's uuid names it in every suite); files it cannot read are passed over."""
         paths = {result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION, suite=name) for name in available_suites()}
-        return {w.uuid: Baseline.of(w) for path in sorted(paths) if path.exists() for w in load_result(path).workloads if w.latency_us is not None}
+        baseline = {}
+        for path in sorted(p for p in paths if p.exists()):
+            try:
+                workloads = load_result(path).workloads
+            except ResultsError:  # a file this harness cannot read gives no T_b; a baseline run alongside still does
+                continue
+            baseline.update({w.uuid: Baseline.of(w) for w in workloads if w.latency_us is not None})
+        return baseline
 
     def base(self, workload: Workload, index: int, status: Status, message: str, baseline: Baseline | None = None) -> WorkloadResult:
         dims = workload.dims

@@ -116,3 +116,10 @@ def test_harness_git_commit_overrides_the_working_copy(monkeypatch) -> None:
     monkeypatch.delenv("HARNESS_GIT_COMMIT")
     commit, _ = provenance.git_state()
     assert commit != "b8faf19"
+
+
+def test_an_unreadable_baseline_file_gives_no_baseline_and_no_error(tmp_path: Path, bench_result) -> None:
+    path = result_path(tmp_path, "cpu", "reference_fp32")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"schema_version": 2}')
+    assert Scorer(torch.device("cpu"), tmp_path).baseline_from_file() == {}
