@@ -1,16 +1,19 @@
-"""Launching compiled kernels without the JIT's per-call work.
+"""Issuing a call's launches with as little host time as possible: record once, replay with the call's tensors.
 
 `kernel[grid](*args)` binds every argument, computes each one's specialisation, looks the binary up in Triton's
-cache and only then launches it: tens of microseconds of host time per launch for kernels of twenty-odd arguments,
-which a caller that synchronises before every call (the public benchmark, a training step that cannot run ahead)
-waits for. A `LaunchSite` does that once, on its first call, keeps the compiled kernel and from then on hands the
-arguments straight to the kernel's launcher.
+cache and only then launches it: tens of microseconds of host time per launch for kernels of twenty-odd arguments.
+On top of that the launcher's Python builds descriptors, picks streams and records events. A caller that
+synchronises before every call (the public benchmark, a training step that cannot run ahead) waits for all of it.
 
-That is only right while nothing the specialisation depends on changes: the constexprs and launch options, the
-integer arguments that are specialised on, the dtypes and 16-byte alignment of the pointers, the descriptors'
-block shapes and layouts. The launcher (solution.CallContext) keeps one set of sites per key that fixes all of
-these: the plan, the shapes, strides, dtypes and alignment of the call's tensors, and its scratch buffers. Under
-Triton's CPU interpreter, which returns no compiled kernel, every launch takes the JIT's path.
+A `CallProgram` belongs to one call context (solution.call_context), which fixes everything that the kernels'
+specialisation and the launcher's decisions depend on: the plan, the shapes, strides, dtypes and 16-byte alignment
+of the call's tensors, its stream and its scratch buffers. The first call of the context runs the launcher's code
+normally; every launch, event record and stream wait it makes goes through the program, which records it with the
+compiled kernel the JIT returned and notes which arguments are the call's own tensors (or descriptors over them).
+Later calls replay that list: each launch hands its recorded arguments, with the call's tensors put in, straight to
+the compiled kernel's launcher. A launch whose arguments include a view of one of the call's tensors (a new object
+each call, which the program could not substitute) leaves the program unrecorded, and every call then runs the
+launcher's code. Under Triton's CPU interpreter, which returns no compiled kernel, the same holds.
 """
 
 from __future__ import annotations
@@ -18,60 +21,137 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 
-class LaunchSite:
-    """One launch of a call's fixed sequence: the kernel it launches, and once launched its compiled binary and the
-    names and defaults of its parameters (the launcher takes every parameter positionally, constexprs included)."""
+@dataclass
+class _Launch:
+    compiled: Any  # the CompiledKernel
+    grid: tuple[int, int, int]
+    stream: int  # the raw CUDA stream
+    values: list[Any]  # every parameter, constexprs included, in order, as the first call passed them
+    tensors: list[tuple[int, int]]  # (parameter position, index of the call's tensor) to put in
+    descriptors: list[tuple[Any, int]]  # (descriptor, index of the call's tensor that is its base)
 
-    def __init__(self, kernel: Any):
-        self.kernel = kernel
-        self.compiled: Any = None
-        parameters = inspect.signature(kernel.fn).parameters
-        self.names = list(parameters)
-        self.defaults = {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        values = self.values.copy()
+        for position, index in self.tensors:
+            values[position] = call_tensors[index]
+        for descriptor, index in self.descriptors:
+            descriptor.base = call_tensors[index]
+        c = self.compiled
+        c.run(*self.grid, self.stream, c.function, c.packed_metadata, None, None, None, *values)
+        self.release()
 
-    def __call__(
-        self, grid: Sequence[int], stream: torch.cuda.Stream | None, device_index: int, args: tuple, kwargs: dict[str, Any]
+    def release(self) -> None:
+        """Let go of the call's tensors, which the program must not keep alive between calls."""
+        for descriptor, _ in self.descriptors:
+            descriptor.base = None
+
+
+@dataclass
+class _Record:
+    event: torch.cuda.Event
+    stream: torch.cuda.Stream
+
+    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        self.event.record(self.stream)
+
+
+@dataclass
+class _Wait:
+    stream: torch.cuda.Stream
+    event: torch.cuda.Event
+
+    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        self.stream.wait_event(self.event)
+
+
+def _parameters(kernel: Any) -> tuple[list[str], dict[str, Any]]:
+    parameters = inspect.signature(kernel.fn).parameters
+    return list(parameters), {name: p.default for name, p in parameters.items() if p.default is not inspect.Parameter.empty}
+
+
+class CallProgram:
+    """The launches, event records and stream waits of one call context's calls (see the module's docstring)."""
+
+    def __init__(self, call_tensors: Sequence[torch.Tensor]):
+        self.operations: list[_Launch | _Record | _Wait] = []
+        self.recorded = False  # the first call ended and every operation could be recorded
+        self._recording = True
+        self._tensors: Sequence[torch.Tensor] = call_tensors
+        self._storages: dict[int, int] = {}
+
+    def begin(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        """Start a call that runs the launcher's code: the first one to end records (a call that raised leaves
+        nothing behind), later ones (only where recording failed) just launch."""
+        self._tensors = call_tensors
+        if self._recording:
+            self.operations.clear()
+            self._storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(call_tensors)}
+
+    def end(self) -> None:
+        """The call's operations are all issued: a complete recording can replay from now on."""
+        if self._recording:
+            self.recorded = all(not isinstance(op, _Launch) or op.compiled is not None for op in self.operations)
+            self._recording = False
+            if not self.recorded:
+                self.operations.clear()
+            for operation in self.operations:
+                if isinstance(operation, _Launch):
+                    operation.release()
+
+    def replay(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        for operation in self.operations:
+            operation(call_tensors)
+
+    def launch(
+        self, kernel: Any, grid: Sequence[int], stream: torch.cuda.Stream | None, caller: Any, *args: Any, **kwargs: Any
     ) -> None:
-        """Launch on `stream` (None: torch's current stream)."""
-        compiled = self.compiled
-        if compiled is None:
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                compiled = self.kernel[tuple(grid)](*args, **kwargs)
-            if getattr(compiled, "function", None) is not None:  # None under the interpreter
-                self.compiled = compiled
+        """Launch `kernel` through the JIT on `stream` (None: the caller's stream, torch's current one), recording it
+        on the first call."""
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            compiled = kernel[tuple(grid)](*args, **kwargs)
+        if not self._recording:
             return
-        values = [*args, *(kwargs[name] if name in kwargs else self.defaults[name] for name in self.names[len(args) :])]
-        grid_y = grid[1] if len(grid) > 1 else 1
-        grid_z = grid[2] if len(grid) > 2 else 1
-        raw = stream.cuda_stream if stream is not None else torch._C._cuda_getCurrentRawStream(device_index)
-        compiled.run(grid[0], grid_y, grid_z, raw, compiled.function, compiled.packed_metadata, None, None, None, *values)
+        if getattr(compiled, "function", None) is None:  # Triton's interpreter: nothing to replay
+            self._recording = False
+            self.operations.clear()
+            return
+        names, defaults = _parameters(kernel)
+        values = [*args, *(kwargs[name] if name in kwargs else defaults[name] for name in names[len(args) :])]
+        grid3 = (*grid, *(1,) * (3 - len(grid)))
+        launch = _Launch(compiled, grid3, (stream or caller).cuda_stream, values, [], [])
+        for position, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                self._note(value, lambda index, p=position: launch.tensors.append((p, index)))
+            elif hasattr(value, "base") and isinstance(value.base, torch.Tensor):  # a tensor descriptor
+                self._note(value.base, lambda index, d=value: launch.descriptors.append((d, index)))
+        if not self._recording:  # an argument could not be recorded
+            return
+        for position, _ in launch.tensors:
+            launch.values[position] = None
+        self.operations.append(launch)
 
+    def _note(self, tensor: torch.Tensor, substitute: Any) -> None:
+        """An argument that is one of the call's tensors is put in on replay; one that is a view of one cannot be, and
+        stops the recording; any other (the context's scratch) stays as recorded."""
+        index = next((i for i, t in enumerate(self._tensors) if t is tensor), None)
+        if index is not None:
+            substitute(index)
+        elif tensor.untyped_storage().data_ptr() in self._storages:
+            self._recording = False
+            self.operations.clear()
 
-class LaunchSequence:
-    """The launch sites of one call context, in the order the call makes its launches: the i-th launch of every call
-    in the context is the same kernel with the same specialisation, so it goes through the i-th site."""
+    def record(self, event: torch.cuda.Event, stream: torch.cuda.Stream) -> None:
+        event.record(stream)
+        if self._recording:
+            self.operations.append(_Record(event, stream))
 
-    def __init__(self, device: torch.device):
-        self.device_index = (
-            device.index if device.index is not None else torch.cuda.current_device() if device.type == "cuda" else 0
-        )
-        self.sites: list[LaunchSite] = []
-        self.next = 0
-
-    def restart(self) -> None:
-        self.next = 0
-
-    def launch(self, kernel: Any, grid: Sequence[int], stream: torch.cuda.Stream | None, *args: Any, **kwargs: Any) -> None:
-        """Launch `kernel` as the call's next launch, on `stream` (None: torch's current stream)."""
-        if self.next == len(self.sites):
-            self.sites.append(LaunchSite(kernel))
-        site = self.sites[self.next]
-        if site.kernel is not kernel:
-            raise RuntimeError(f"launch {self.next} of this call context was {site.kernel.fn.__name__}, not {kernel.fn.__name__}")
-        self.next += 1
-        site(grid, stream, self.device_index, args, kwargs)
+    def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        stream.wait_event(event)
+        if self._recording:
+            self.operations.append(_Wait(stream, event))

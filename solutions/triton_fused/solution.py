@@ -37,7 +37,7 @@ from .kernels import (
     weight_grad_kernel,
     zero_unselected_kernel,
 )
-from .launch import LaunchSequence
+from .launch import CallProgram
 from .weight_grad_warp_specialized import weight_grad_ws_kernel
 
 # The destination-passing calling convention of the problem: 12 inputs, then 5 outputs, in this order.
@@ -503,27 +503,37 @@ class Problem:
             raise ValueError(f"the gather's {self.rows * self.routing_chunks} programs zero the call's counters, one each: "
                              f"too few for {self.counters.numel()}")
         self.arrivals = self.counters[TILE_COUNTERS:] if split_to_rows else None
-        self.launches = LaunchSequence(self.device)
+        self.program = CallProgram([*self.inputs.values(), *self.outputs.values()])
         # The call's descriptors and events, in the order the call asks for them (the same in every call of this
         # Problem), made on the first call and reused: a descriptor gets the call's tensor as its base (shape, strides
         # and block are the Problem's), an event is recorded again.
         self._descriptors: list[TensorDescriptor | GluonTensorDescriptor] = []
         self._events: list[torch.cuda.Event] = []
         self._next_descriptor = self._next_event = 0
-        self.caller: torch.cuda.Stream | None = None  # the stream the call was made on (CUDA only)
+        # the stream the calls are made on (call_context keys the Problem by it; CUDA only)
+        self.caller = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         self.issuing: torch.cuda.Stream | None = None  # where launches go: None for the caller's stream
 
-    def begin(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-        """Bind one call's inputs and outputs; its launches, descriptors, events and tile counters start from the
-        first."""
-        self.inputs, self.outputs = inputs, outputs
-        self.launches.restart()
+    def begin(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Bind one call's inputs and outputs (INPUT_NAMES, then OUTPUT_NAMES) for the launcher's code; its launches,
+        descriptors, events and tile counters start from the first."""
+        self.inputs, self.outputs = dict(zip(INPUT_NAMES, tensors[:12])), dict(zip(OUTPUT_NAMES, tensors[12:]))
+        self.program.begin(tensors)
         self.weight_grad_launches = self._next_descriptor = self._next_event = 0
-        self.caller = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         self.issuing = None
 
+    def end(self) -> None:
+        """The launcher's code has issued the call: let go of its tensors."""
+        self.program.end()
+        self.inputs = self.outputs = {}
+
     def launch(self, kernel: object, grid: tuple[int, ...], *args: object, **kwargs: object) -> None:
-        self.launches.launch(kernel, grid, self.issuing, *args, **kwargs)
+        self.program.launch(kernel, grid, self.issuing, self.caller, *args, **kwargs)
+
+    def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event | None) -> None:
+        """`stream` waits for the work that `event` marks (nothing without an event: all work is on one stream)."""
+        if event is not None:
+            self.program.wait(stream, event)
 
     @contextlib.contextmanager
     def issuing_on(self, stream: torch.cuda.Stream) -> Iterator[None]:
@@ -558,7 +568,7 @@ class Problem:
             self._events.append(torch.cuda.Event())
         event = self._events[self._next_event]
         self._next_event += 1
-        event.record(stream)
+        self.program.record(event, stream)
         return event
 
     def tile_counter(self) -> torch.Tensor:
@@ -934,10 +944,19 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
 
     `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU; the CPU tests use fp32).
     """
-    tokens = tensors[1].numel()
-    plan = plan or plan_for(tokens)
+    plan = plan or plan_for(tensors[1].numel())
     p = call_context(tensors, plan, precise_dtype)
-    p.begin(dict(zip(INPUT_NAMES, tensors[:12])), dict(zip(OUTPUT_NAMES, tensors[12:])))
+    if p.program.recorded:
+        p.program.replay(tensors)
+        return
+    p.begin(tensors)
+    _issue(p, plan)
+    p.end()
+
+
+def _issue(p: Problem, plan: Plan) -> None:
+    """The launcher's code: every launch of the call on the streams the plan names, through p (which records them on
+    a context's first call)."""
     # Two streams where the plan asks. The side stream first writes ge if dh gathers its own rows, then what needs
     # nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
     # work, unless the plan's x16_at and zeros_at put them later), then grad_w2 once the gather has written ge, then
@@ -960,7 +979,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         gather(p, launch_dependents=plan.dh_programmatic_launch)
     with _beside(p, side, plan.grad_w2_on_side):
         if side_operands_ready is not None and not plan.grad_w2_on_side:
-            caller.wait_event(side_operands_ready)  # ge may come from the side stream
+            p.wait(caller, side_operands_ready)  # ge may come from the side stream
         if plan.x16_at == "after_gather":
             routing_x16(p)
             side_operands_ready = p.recorded_event(side)
@@ -981,10 +1000,10 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
                 side_operands_ready = p.recorded_event(side)
     scatter_on_side = side is not None and plan.scatter_on_side and plan.dx_grad_w13 is None
     if counters_zeroed is not None:
-        caller.wait_event(counters_zeroed)
+        p.wait(caller, counters_zeroed)
     if plan.dx_grad_w13 is not None:
         if side_operands_ready is not None:
-            caller.wait_event(side_operands_ready)
+            p.wait(caller, side_operands_ready)
         dx_grad_w13(p, plan.dx_grad_w13)
     else:
         _dx_and_grad_w13(p, plan, side, caller, dh_done, side_operands_ready, scatter_on_side)
@@ -992,7 +1011,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
         with _after(p, side, dh_done):  # the side stream is past dh_done already
             zero_unselected(p)
     if side is not None:
-        caller.wait_event(p.recorded_event(side))
+        p.wait(caller, p.recorded_event(side))
     if not (scatter_on_side or plan.scatter_after_dx or plan.dx_writes_rows):
         scatter(p)
 
@@ -1006,7 +1025,7 @@ def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, cal
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side], plan.dx_warp_specialized, plan.dx_swap_ab)
     if plan.scatter_after_dx:
         if side_operands_ready is not None:
-            caller.wait_event(side_operands_ready)  # the routing sums
+            p.wait(caller, side_operands_ready)  # the routing sums
         scatter(p)
     if plan.zeros_at == "after_dx":
         zero_unselected(p)
@@ -1022,7 +1041,7 @@ def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, cal
             grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
     else:
         if side_operands_ready is not None:
-            caller.wait_event(side_operands_ready)
+            p.wait(caller, side_operands_ready)
         grad_w13(p, plan.grad_w13, plan.grad_w13_warp_specialized)
 
 
@@ -1032,7 +1051,7 @@ def _beside(p: Problem, side: torch.cuda.Stream | None, enabled: bool) -> Iterat
     if side is None or not enabled:
         yield
         return
-    side.wait_event(p.recorded_event(p.caller))
+    p.wait(side, p.recorded_event(p.caller))
     with p.issuing_on(side):
         yield
 
@@ -1044,7 +1063,7 @@ def _after(p: Problem, side: torch.cuda.Stream | None, event: torch.cuda.Event |
     if side is None:
         yield
         return
-    side.wait_event(event)
+    p.wait(side, event)
     with p.issuing_on(side):
         yield
 
