@@ -77,7 +77,7 @@ def percent_of_sol_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
         ax.scatter([bar.get_x() + bar.get_width() / 2 for bar in bars], device, marker="_", s=60, color="black", zorder=3)
     ax.scatter([], [], marker="_", s=60, color="black", label="device time's percent")
     if any(data.status != Status.PASSED.value):
-        ax.bar([], [], color="white", edgecolor="gray", hatch="//", label="hatched: did not pass")
+        ax.bar([0], [0], color="white", edgecolor="gray", hatch="//", label="hatched: did not pass")  # a legend entry only
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))])
     ax.set_xticklabels([f"T={t}\nB={b}" for t, b in zip(workloads["T"], workloads["B"])], fontsize=7)
     ax.set_ylabel("percent of SOL of the call latency (datasheet peaks; higher is better)")
