@@ -106,3 +106,53 @@ def test_a_call_that_raised_leaves_nothing_recorded() -> None:
     # the call raised here: no end(); the next call records afresh
     call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
     assert program.recorded and len(program.operations) == 1
+
+
+# A stand-in for Triton 3.6's CUDA launcher: CudaLauncher.__call__ hands grid, stream, kernel, options, scratch and
+# metadata to `launch`, a closure that encodes every descriptor argument (make_tensordesc_arg) and calls the C entry
+# point `launcher`. The call program reaches past both to the entry point.
+def make_tensordesc_arg(arg, metadata):
+    return [("map", arg.base.data_ptr(), metadata), *arg.block_shape]
+
+
+def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
+    def inner(*args):
+        final_args, described = list(args[:13]), 0
+        for i, arg in enumerate(args[13:]):
+            if i in tensordesc_indices:
+                final_args.extend(make_tensordesc_arg(arg, tensordesc_meta[described]))
+                described += 1
+            else:
+                final_args.append(arg)
+        return launcher(*final_args)
+
+    return inner
+
+
+class CudaLauncher:
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, log: list):
+        self.launch = wrap_handle_tensordesc(lambda *flat: log.append(flat), {1}, ["meta"])
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
+        self.launch(grid_x, grid_y, grid_z, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None, *args)
+
+
+def test_replay_through_the_entry_point_flattens_as_the_launcher_does() -> None:
+    launch = launch_module()
+    kernel, scratch = Kernel(), torch.zeros(8)
+    kernel.compiled.run = CudaLauncher(kernel.log)
+    first = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram(first)
+    call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
+    assert program.operations[0].entry is not None
+    later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
+    program.replay(later)
+    launched, replayed = kernel.log
+    head = (4, 2, 1, "caller-stream", "binary", False, True, None, None, "metadata", None, None, None)
+    assert launched[:13] == replayed[:13] == head
+    assert launched[13] is first[0] and replayed[13] is later[0]
+    assert launched[14] == ("map", first[1].data_ptr(), "meta") and replayed[14] == ("map", later[1].data_ptr(), "meta")
+    assert launched[15:] == replayed[15:] and replayed[16] is scratch

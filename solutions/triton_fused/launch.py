@@ -35,21 +35,86 @@ class _Launch:
     values: list[Any]  # every parameter, constexprs included, in order, as the first call passed them
     tensors: list[tuple[int, int]]  # (parameter position, index of the call's tensor) to put in
     descriptors: list[tuple[Any, int]]  # (descriptor, index of the call's tensor that is its base)
+    entry: _EntryPoint | None = None  # where reachable, the launcher's C entry point and its arguments
 
     def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        values = self.values.copy()
-        for position, index in self.tensors:
-            values[position] = call_tensors[index]
-        for descriptor, index in self.descriptors:
-            descriptor.base = call_tensors[index]
-        c = self.compiled
-        c.run(*self.grid, self.stream, c.function, c.packed_metadata, None, None, None, *values)
+        if self.entry is not None:
+            self.entry(call_tensors)
+        else:
+            values = self.values.copy()
+            for position, index in self.tensors:
+                values[position] = call_tensors[index]
+            for descriptor, index in self.descriptors:
+                descriptor.base = call_tensors[index]
+            c = self.compiled
+            c.run(*self.grid, self.stream, c.function, c.packed_metadata, None, None, None, *values)
         self.release()
 
     def release(self) -> None:
         """Let go of the call's tensors, which the program must not keep alive between calls."""
         for descriptor, _ in self.descriptors:
             descriptor.base = None
+
+
+@dataclass
+class _EntryPoint:
+    """A launch handed straight to the launcher's C entry point, its arguments flattened as Triton's wrapper flattens
+    them: each TMA descriptor over the context's scratch encoded once, at recording, and only those over the call's
+    tensors encoded again on every call (Triton's wrapper encodes every descriptor of every launch, 2-4 us each)."""
+
+    function: Any  # the C entry point
+    head: tuple  # grid, stream, kernel, launch options and metadata, as CudaLauncher passes them
+    flat: list[Any]  # the flattened arguments, the call's own left as None
+    tensors: list[tuple[int, int]]  # (flat position, index of the call's tensor)
+    descriptors: list[tuple[int, Any, Any, int]]  # (flat position, descriptor, its metadata, index of its base)
+    encode: Any  # Triton's make_tensordesc_arg
+
+    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        flat = self.flat.copy()
+        for position, index in self.tensors:
+            flat[position] = call_tensors[index]
+        for position, descriptor, metadata, index in self.descriptors:
+            descriptor.base = call_tensors[index]
+            flat[position] = self.encode(descriptor, metadata)[0]
+        self.function(*self.head, *flat)
+
+    @classmethod
+    def of(cls, launch: _Launch) -> _EntryPoint | None:
+        """The entry point of a recorded launch, for Triton 3.6's CUDA launcher (CudaLauncher, whose `launch` is the C
+        entry point itself, or a closure over it that encodes the descriptors), with no scratch memory to allocate
+        per launch; None for any other, which then launches through the compiled kernel's `run`."""
+        run = launch.compiled.run
+        if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+            return None
+        wrapper = getattr(run, "launch", None)
+        if inspect.isbuiltin(wrapper):
+            function, positions, metadata, encode = wrapper, set(), [], None
+        else:
+            closure = getattr(wrapper, "__closure__", None) or ()
+            cells = dict(zip(getattr(getattr(wrapper, "__code__", None), "co_freevars", ()), (c.cell_contents for c in closure)))
+            encode = getattr(wrapper, "__globals__", {}).get("make_tensordesc_arg")
+            if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys() or encode is None:
+                return None
+            function, positions, metadata = cells["launcher"], cells["tensordesc_indices"], cells["tensordesc_meta"]
+        substituted = dict(launch.tensors)
+        bases = {id(descriptor): index for descriptor, index in launch.descriptors}
+        entry = cls(function, (), [], [], [], encode)
+        described = 0
+        for position, value in enumerate(launch.values):
+            if position in positions:
+                meta = metadata[described]
+                described += 1
+                if id(value) in bases:
+                    entry.descriptors.append((len(entry.flat), value, meta, bases[id(value)]))
+                entry.flat.extend(encode(value, meta))
+            else:
+                if position in substituted:
+                    entry.tensors.append((len(entry.flat), substituted[position]))
+                entry.flat.append(value)
+        c = launch.compiled
+        entry.head = (*launch.grid, launch.stream, c.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                      c.packed_metadata, None, None, None)  # fmt: skip
+        return entry
 
 
 @dataclass
@@ -134,6 +199,7 @@ class CallProgram:
             return
         for position, _ in launch.tensors:
             launch.values[position] = None
+        launch.entry = _EntryPoint.of(launch)
         self.operations.append(launch)
 
     def _note(self, tensor: torch.Tensor, substitute: Any) -> None:
