@@ -7,6 +7,7 @@ exported only when asked, marked partial.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 from pathlib import Path
@@ -15,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from harness import __version__
 from harness.compare import load_frame, summary
-from harness.problem import FFN_DIM, HIDDEN_DIM, MODEL, NAME, PUBLIC_ALIAS
+from harness.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, MODEL, NAME, PUBLIC_ALIAS
 from harness.provenance import REPO_ROOT
 from harness.registry import Solution
 from harness.results import BenchResult, WorkloadResult
@@ -39,22 +40,27 @@ from harness.workloads import Suite
 # The files that define the problem, bundled into the one self-contained reference source of the
 # SOL-ExecBench definition, in dependency order.
 REFERENCE_MODULES = ("harness/problem.py", "reference/inputs.py", "reference/moe_backward.py")
+# The public evaluator calls run() with the inputs by name, and custom_inputs(axes, device) without a seed, so every
+# correctness round of its sees the same input set.
 REFERENCE_ENTRY_POINTS = '''
 
-def run(*inputs):
+def run({inputs}):
     """The reference as the benchmark defines it, with TF32 off whatever the caller had set."""
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        return reference_backward(*inputs)
+        return reference_backward({inputs})
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def custom_inputs(axes, device="cuda", seed=0):
     """One input set for the workload's axes (batch_seq_len, num_tokens), drawn as the benchmark draws it."""
-    return generate_inputs(Dims(axes["batch_seq_len"], axes["num_tokens"]), seed, device)
+    dims = Dims(axes["batch_seq_len"], axes["num_tokens"], axes.get("hidden_dim", HIDDEN_DIM), axes.get("ffn_dim", FFN_DIM))
+    return generate_inputs(dims, seed, device)
 '''
+# Our solution languages as the public schema names them.
+PUBLIC_LANGUAGES = {"python": "pytorch", "triton": "triton", "cuda": "cuda_cpp"}
 
 
 class ExportError(ValueError):
@@ -62,14 +68,16 @@ class ExportError(ValueError):
 
 
 def bundled_reference_source() -> str:
-    """The problem's modules as one module that imports nothing of this project."""
-    future, body = "from __future__ import annotations\n", []
+    """The problem's modules as one module that imports nothing of this project. Without their postponed annotations:
+    the public evaluator runs the reference from a file whose module it never registers, where dataclasses with
+    postponed annotations fail."""
+    body = []
     for relative in REFERENCE_MODULES:
         for line in (REPO_ROOT / relative).read_text().splitlines():
-            if line == future.strip() or line.startswith(("from harness", "from reference", "import harness")):
+            if line == "from __future__ import annotations" or line.startswith(("from harness", "from reference", "import harness")):
                 continue
             body.append(line)
-    return future + "\n".join(body) + REFERENCE_ENTRY_POINTS
+    return "\n".join(body) + REFERENCE_ENTRY_POINTS.format(inputs=", ".join(INPUT_NAMES))
 
 
 def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
@@ -86,6 +94,24 @@ def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
             "bench it again, then export"
         )
     return sources
+
+
+def exported_sources(name: str, sources: dict[str, str]) -> list[SourceFile]:
+    """The sources under a package folder named after the solution, which the entry point names (the evaluator imports
+    the entry point's file by its path, so relative imports between the sources resolve); and where a source imports
+    the problem's `reference` package, the bundled reference beside them as the top-level `reference.py`."""
+    files = [SourceFile(path=f"{name}/{path}", content=text) for path, text in sources.items()]
+    if any(path.endswith(".py") and _imports_reference(text) for path, text in sources.items()):
+        files.append(SourceFile(path="reference.py", content=bundled_reference_source()))
+    return files
+
+
+def _imports_reference(source: str) -> bool:
+    return any(
+        (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "reference")
+        or (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "reference" for alias in node.names))
+        for node in ast.walk(ast.parse(source))
+    )
 
 
 def _require_complete(result: BenchResult, partial: bool) -> None:
@@ -293,11 +319,11 @@ def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, o
             definition=PUBLIC_ALIAS,
             author=spec.author,
             description=spec.description,
-            sources=[SourceFile(path=p, content=text) for p, text in sources.items()],
+            sources=exported_sources(spec.name, sources),
             spec=SolutionSpecOut(
-                languages=[spec.language],
-                target_hardware=[result.provenance.device_name],
-                entry_point=spec.entry_point,
+                languages=[PUBLIC_LANGUAGES[spec.language]],
+                target_hardware=["LOCAL"],  # measured on an H200; the public enum names only B200
+                entry_point=f"{spec.name}/{spec.entry_point}",
                 destination_passing_style=spec.destination_passing_style,
                 dependencies=["torch"] + (["triton"] if spec.language == "triton" else []),
             ),

@@ -6,12 +6,13 @@ format round-trips exactly: importing the public problem-009 file and writing it
 
 from __future__ import annotations
 
+import ast
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, INPUTS, OUTPUTS, PUBLIC_ALIAS
 from harness.workloads import ManifestError, Suite, Workload
@@ -149,17 +150,44 @@ class TensorDecl(BaseModel):
     description: str | None = None
 
 
+def _top_level_functions(source: str) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+
+
 class Definition(BaseModel):
+    """definition.json, with the rules the public evaluator enforces when it loads one (v1.0.2)."""
+
     model_config = ConfigDict(extra="forbid")
     name: str
-    type: str
+    op_type: str
     description: str
     axes: dict[str, Axis]
     inputs: dict[str, TensorDecl]
     outputs: dict[str, TensorDecl]
-    constraints: list[str]
-    reference: str = Field(description="Python source defining run(*inputs) -> the 5 outputs")
+    reference: str = Field(description="Python source defining run(<the inputs, by name>) -> the 5 outputs")
     custom_inputs_entrypoint: str = Field(description="function of `reference` that draws one input set")
+
+    @model_validator(mode="after")
+    def _reference_as_the_evaluator_runs_it(self) -> Definition:
+        """`run` takes the inputs as named parameters, in order; the input generator is a top-level function; and the
+        source must run as the evaluator runs it, from a file whose module is never registered, where postponed
+        annotations break dataclasses (they look the module up to resolve them)."""
+        try:
+            functions = _top_level_functions(self.reference)
+        except SyntaxError as exc:
+            raise ValueError(f"reference is not valid Python: {exc}") from None
+        if "run" not in functions:
+            raise ValueError("reference defines no top-level run()")
+        arguments = functions["run"].args
+        names = [a.arg for a in arguments.posonlyargs + arguments.args]
+        if arguments.vararg or names != list(self.inputs):
+            raise ValueError(f"reference run() must take the {len(self.inputs)} inputs by name, in order {list(self.inputs)}; it takes {names}"
+                             + (" and *" + arguments.vararg.arg if arguments.vararg else ""))  # fmt: skip
+        if self.custom_inputs_entrypoint not in functions:
+            raise ValueError(f"custom_inputs_entrypoint '{self.custom_inputs_entrypoint}' is not a top-level function of reference")
+        if "from __future__ import annotations" in self.reference:
+            raise ValueError("reference must not postpone annotations: the evaluator runs it unregistered, where dataclasses then fail")
+        return self
 
 
 AXIS_NAMES = {"B": "batch_seq_len", "T": "num_tokens", "H": "hidden_dim", "F": "ffn_dim"}
@@ -171,17 +199,16 @@ def definition(reference_source: str) -> Definition:
 
     return Definition(
         name=PUBLIC_ALIAS,
-        type="moe_expert_backward",
+        op_type="moe_expert_backward",
         description="Backward of one MoE expert (SwiGLU MLP) with weighted token scatter, MiniMax-M2 shapes.",
         axes={
             "batch_seq_len": Axis(type="var"),
-            "num_tokens": Axis(type="var", description="tokens routed to the expert; unique sorted rows of the batch"),
+            "num_tokens": Axis(type="var", description="tokens routed to the expert (at most batch_seq_len); unique sorted rows of the batch"),
             "hidden_dim": Axis(type="const", value=HIDDEN_DIM),
             "ffn_dim": Axis(type="const", value=FFN_DIM),
         },
         inputs={spec.name: declare(spec) for spec in INPUTS},
         outputs={spec.name: declare(spec) for spec in OUTPUTS},
-        constraints=["num_tokens <= batch_seq_len"],
         reference=reference_source,
         custom_inputs_entrypoint="custom_inputs",
     )
@@ -189,25 +216,58 @@ def definition(reference_source: str) -> Definition:
 
 class SourceFile(BaseModel):
     path: str
-    content: str
+    content: str = Field(min_length=1)
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_solution(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError(f"source path '{value}' must be relative, without '..'")
+        return value
+
+
+# The public enums (v1.0.2): Python languages (pytorch, triton, cute_dsl, cutile, cudnn_frontend) and C++ ones.
+Language = Literal["pytorch", "triton", "cute_dsl", "cutile", "cudnn_frontend", "cutlass", "cudnn", "cublas", "cuda_cpp"]
+Hardware = Literal["B200", "LOCAL"]
 
 
 class SolutionSpecOut(BaseModel):
-    languages: list[str]
-    target_hardware: list[str]
-    entry_point: str
+    languages: list[Language] = Field(min_length=1)
+    target_hardware: list[Hardware] = Field(min_length=1)
+    entry_point: str = Field(pattern=r"^[^:]+\.py::[A-Za-z_][A-Za-z0-9_]*$")
     destination_passing_style: bool
     dependencies: list[str]
     compile_options: dict[str, str] = {}
 
 
+def _imports_relatively(source: str) -> bool:
+    return any(isinstance(node, ast.ImportFrom) and node.level > 0 for node in ast.walk(ast.parse(source)))
+
+
 class SolutionOut(BaseModel):
+    """solution.json, with the rules the public evaluator enforces: its entry point's file is among the sources, and
+    since it imports that file as a module named by its path, sources that import each other relatively must sit in
+    a package folder that the entry point names."""
+
     name: str
     definition: str
     author: str
     description: str
-    sources: list[SourceFile]
+    sources: list[SourceFile] = Field(min_length=1)
     spec: SolutionSpecOut
+
+    @model_validator(mode="after")
+    def _entry_point_importable(self) -> SolutionOut:
+        entry_file = self.spec.entry_point.split("::")[0]
+        paths = [source.path for source in self.sources]
+        if entry_file not in paths:
+            raise ValueError(f"entry point file '{entry_file}' is not among the sources {paths}")
+        relative = [s.path for s in self.sources if s.path.endswith(".py") and _imports_relatively(s.content)]
+        if relative and "/" not in entry_file:
+            raise ValueError(f"{', '.join(relative)} import relatively, so the entry point must name a package folder "
+                             f"('<package>/{entry_file}'): the evaluator imports '{entry_file}' as a top-level module")  # fmt: skip
+        return self
 
 
 class Correctness(BaseModel):

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
-from harness.export import ExportError, bundled_reference_source, leaderboard_record, write_sol_execbench
-from harness.registry import get_solution
+from harness.export import ExportError, bundled_reference_source, exported_sources, leaderboard_record, write_sol_execbench
+from harness.provenance import REPO_ROOT
+from harness.registry import discover, get_solution
 from harness.results import RESULTS_DIR, load_result
 from harness.solexecbench import (
     Definition,
@@ -110,7 +115,8 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
     definition = Definition.model_validate_json((tmp_path / "definition.json").read_text())
     assert definition.axes["hidden_dim"].value == 4096 and next(iter(definition.inputs)) == "grad_output"
     solution = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
-    assert solution.spec.destination_passing_style and solution.spec.entry_point == "solution.py::run"
+    assert solution.spec.destination_passing_style and solution.spec.entry_point == "triton_fused/solution.py::run"
+    assert solution.spec.languages == ["triton"] and solution.spec.target_hardware == ["LOCAL"]
     traces = [TraceLine.model_validate_json(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
     assert [t.workload.uuid for t in traces] == [w.uuid for w in load_named_suite("public").workloads]
     for trace, measured in zip(traces, result.workloads):
@@ -120,22 +126,35 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
         assert trace.evaluation.performance.speedup_factor > 1
 
 
-def test_exported_triton_fused_imports_as_sol_execbench_loads_it(tmp_path: Path, monkeypatch) -> None:
-    """SOL-ExecBench's Python/Triton builder writes a solution's sources into a package folder and imports
-    '<package>.solution', so triton_fused's relative import of its kernels resolves; its variadic run binds the
-    12 inputs and 5 outputs that the builder's signature check passes."""
-    write_sol_execbench(h200_result("triton_fused"), get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False)
-    solution = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
-    package = tmp_path / "build" / "exported_triton_fused"
-    for source in solution.sources:
-        (package / source.path).parent.mkdir(parents=True, exist_ok=True)
-        (package / source.path).write_text(source.content)
-    monkeypatch.syspath_prepend(str(tmp_path / "build"))
-    entry_file, entry_symbol = solution.spec.entry_point.split("::")
-    module = importlib.import_module("exported_triton_fused." + entry_file.removesuffix(".py"))
-    run = getattr(module, entry_symbol)
-    assert module.dh_swiglu_kernel is importlib.import_module("exported_triton_fused.kernels").dh_swiglu_kernel
-    inspect.signature(run).bind(*range(12 + 5))
+@pytest.mark.parametrize("name", sorted(discover()))
+def test_every_solution_imports_as_the_public_evaluator_imports_it(tmp_path: Path, monkeypatch, name: str) -> None:
+    """The public evaluator writes a solution's sources under its staging folder, puts that folder on sys.path and
+    imports the entry point's file as the module its path names: every solution's export must import that way, its
+    run binding the 12 inputs (and the 5 outputs, in destination-passing style), without this project on the path."""
+    solution = get_solution(name)
+    files = exported_sources(name, solution.sources())
+    staging = tmp_path / "staging"
+    for source in files:
+        (staging / source.path).parent.mkdir(parents=True, exist_ok=True)
+        (staging / source.path).write_text(source.content)
+    for loaded in [m for m in sys.modules if m.split(".")[0] in ("harness", "reference", "harness_solutions")]:
+        monkeypatch.delitem(sys.modules, loaded)
+    monkeypatch.setattr(sys, "path", [str(staging), *(p for p in sys.path if Path(p or ".").resolve() != REPO_ROOT)])
+    monkeypatch.setattr(sys, "meta_path", [_ProjectBlocked(), *sys.meta_path])  # an editable install still finds it
+    entry_file, entry_symbol = f"{name}/{solution.spec.entry_point}".split("::")
+    module = importlib.import_module(entry_file.removesuffix(".py").replace("/", "."))
+    inspect.signature(getattr(module, entry_symbol)).bind(*range(12 + (5 if solution.spec.destination_passing_style else 0)))
+    reference = sys.modules.get("reference")
+    assert reference is None or Path(reference.__file__).parent == staging
+
+
+class _ProjectBlocked(importlib.abc.MetaPathFinder):
+    """Fails any import of this project's harness, as on the evaluator's machine."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "harness":
+            raise ImportError(f"{name} is this project's, not part of the export")
+        return None
 
 
 def definition_json() -> str:
@@ -157,3 +176,59 @@ def test_bundled_reference_is_self_contained_and_equal_to_ours(tmp_path: Path, m
     entry = Definition.model_validate_json(definition_json()).custom_inputs_entrypoint
     drawn = namespace[entry]({"batch_seq_len": 5, "num_tokens": 2}, "cpu", 1)
     assert drawn["w1_weight"].shape == (14336, 4096) and drawn["token_indices"].tolist() == sorted(set(drawn["token_indices"].tolist()))
+
+
+def test_exported_reference_runs_as_the_public_evaluator_runs_it(tmp_path: Path) -> None:
+    """The evaluator writes the definition's reference to a file, executes it as a module it never registers, draws
+    inputs with custom_inputs(axes, device) and calls run() with the inputs by name: on the smoke shapes that gives our
+    reference's outputs."""
+    path = tmp_path / "_reference.py"
+    path.write_text(Definition.model_validate_json(definition_json()).reference)
+    spec = importlib.util.spec_from_file_location("_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for workload in load_named_suite("smoke").workloads:
+        dims = workload.dims
+        axes = {"batch_seq_len": dims.batch_seq_len, "num_tokens": dims.num_tokens, "hidden_dim": dims.hidden_dim, "ffn_dim": dims.ffn_dim}
+        inputs = module.custom_inputs(axes, "cpu")
+        for got, want in zip(module.run(**inputs), reference_backward(*generate_inputs(dims, 0, "cpu").values())):
+            assert torch.equal(got, want)
+
+
+def test_definition_holds_the_public_reference_rules() -> None:
+    good = json.loads(definition_json())
+    Definition.model_validate(good)
+    rules = {
+        "def run(*inputs):": "must take the 12 inputs by name",
+        "from __future__ import annotations": "must not postpone annotations",
+        "def custom_inputs(": "custom_inputs_entrypoint 'custom_inputs' is not a top-level function",
+    }
+    replacements = {
+        "def run(*inputs):": lambda ref: ref.replace("def run(grad_output,", "def run(*inputs): pass\ndef _old(grad_output,"),
+        "from __future__ import annotations": lambda ref: "from __future__ import annotations\n" + ref,
+        "def custom_inputs(": lambda ref: ref.replace("def custom_inputs(", "def _custom_inputs("),
+    }
+    for key, message in rules.items():
+        with pytest.raises(ValidationError, match=message):
+            Definition.model_validate({**good, "reference": replacements[key](good["reference"])})
+    with pytest.raises(ValidationError, match="op_type"):
+        Definition.model_validate({k: v for k, v in good.items() if k != "op_type"} | {"type": "x"})
+
+
+def test_solution_holds_the_public_spec_rules(tmp_path: Path) -> None:
+    write_sol_execbench(h200_result("triton_fused"), get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False)
+    good = json.loads((tmp_path / "solution.json").read_text())
+    SolutionOut.model_validate(good)
+    spec = good["spec"]
+    for change, message in (
+        ({"target_hardware": ["NVIDIA H200"]}, "target_hardware"),
+        ({"languages": ["python"]}, "languages"),
+        ({"entry_point": "solution.py"}, "entry_point"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            SolutionOut.model_validate({**good, "spec": {**spec, **change}})
+    flat = [{**source, "path": source["path"].split("/", 1)[1]} for source in good["sources"]]
+    with pytest.raises(ValidationError, match="import relatively, so the entry point must name a package folder"):
+        SolutionOut.model_validate({**good, "sources": flat, "spec": {**spec, "entry_point": "solution.py::run"}})
+    with pytest.raises(ValidationError, match="must be relative, without '..'"):
+        SolutionOut.model_validate({**good, "sources": [*good["sources"], {"path": "../escape.py", "content": "x = 1"}]})

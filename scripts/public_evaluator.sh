@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Run NVIDIA's public SOL-ExecBench evaluator on the GPU machine against exports of our solutions, as an external
+# check of what we export and of our call latency. Nothing of the evaluator is part of this project: bring a checkout
+# of https://github.com/NVIDIA/SOL-ExecBench (v1.0.2 was checked) and a folder of the wheels the machine lacks
+# (pydantic with pydantic-core, annotated-types and typing-inspection; cupti-python 13.0.1, whose CUPTI timer the
+# evaluator imports). It runs with its defaults: clocks unlocked, CUPTI spans, medians of 50 timed calls.
+#
+# Usage (repo root, on the GPU machine):
+#   bash scripts/public_evaluator.sh SOL_EXECBENCH_DIR WHEEL_DIR OUT_DIR SOLUTION[,SOLUTION...]
+# For each solution: OUT_DIR/<solution>/ holds the export, the evaluator's traces (public_traces.jsonl) and log, and
+# a table of its latency beside the harness's call latency and device time from the committed result. EVALUATOR_TIMEOUT_S
+# bounds each evaluation (default 1800).
+set -uo pipefail
+if [ $# -ne 4 ]; then
+    sed -n '2,14p' "$0" >&2
+    exit 2
+fi
+evaluator=$(realpath "$1") wheels=$(realpath "$2") out=$3 solutions=$4
+[ -d "$evaluator/src/sol_execbench" ] || { echo "no src/sol_execbench under $evaluator" >&2; exit 2; }
+site=$(mktemp -d) bin=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl || exit 1
+ln -s "$(command -v python3)" "$bin/python"  # the evaluator starts its driver as `python`
+mkdir -p "$out"
+for name in ${solutions//,/ }; do
+    folder="$out/$name"
+    PYTHONPATH="$site:$PWD" python3 -m harness export -s "$name" --format sol-execbench -o "$folder" || continue
+    # the evaluator alone on the path: the export must run without this project
+    (cd "$folder" && PATH="$bin:$PATH" PYTHONPATH="$evaluator/src:$site" \
+        timeout "${EVALUATOR_TIMEOUT_S:-1800}" python3 -c "from sol_execbench.cli import cli; cli()" . --solution solution.json \
+            -o public_traces.jsonl) \
+        > "$folder/public.log" 2>&1
+    echo "$name: the evaluator exited with $? (log: $folder/public.log)"
+    PYTHONPATH="$site:$PWD" python3 - "$folder" <<'PY'
+import json
+import sys
+from pathlib import Path
+
+from harness.results import RESULTS_DIR, load_result
+
+folder = Path(sys.argv[1])
+traces = [json.loads(line) for line in (folder / "public_traces.jsonl").read_text().splitlines() if line.strip()]
+ours = {w.uuid: w for w in load_result(RESULTS_DIR / "nvidia-h200" / f"{folder.name}.json").workloads}
+print(f"{folder.name}: public evaluator (median CUPTI span) against the harness (mean call latency, mean device time), us")
+print("| B | T | status | public | call latency | device time | public / call latency |")
+print("|---|---|---|---|---|---|---|")
+for trace in traces:
+    w, evaluation = ours[trace["workload"]["uuid"]], trace["evaluation"]
+    public = (evaluation.get("performance") or {}).get("latency_ms", float("nan")) * 1e3
+    print(f"| {w.batch_seq_len} | {w.num_tokens} | {evaluation['status']} | {public:.1f} | {w.latency_us:.1f} | "
+          f"{w.device_us:.1f} | {public / w.latency_us:.2f} |")
+PY
+done
