@@ -19,7 +19,8 @@ evaluator=$(realpath "$1") wheels=$(realpath "$2") out=$3 solutions=$4
 [ -d "$evaluator/src/sol_execbench" ] || { echo "no src/sol_execbench under $evaluator" >&2; exit 2; }
 site=$(mktemp -d) bin=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl || exit 1
-ln -s "$(command -v python3)" "$bin/python"  # the evaluator starts its driver as `python`
+# the evaluator starts its driver as `python`: a wrapper, since a link out of a virtual environment's folder loses it
+printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$bin/python" && chmod +x "$bin/python"
 mkdir -p "$out"
 for name in ${solutions//,/ }; do
     folder="$out/$name"
