@@ -45,6 +45,15 @@ class GraphTiming(BaseModel):
     error: str = ""
 
 
+class TimedChecks(BaseModel):
+    """The checks of the timed calls' outputs (runner.TimedOutputChecks): how many calls were checked for unwritten
+    elements, and which calls of each timing (numbered from 0, warm-ups included) were drawn for verification in full."""
+
+    poison_checked: int
+    verified_device_time_calls: list[int]
+    verified_call_latency_calls: list[int]
+
+
 class KernelRun(BaseModel):
     name: str
     stream: int
@@ -77,6 +86,7 @@ class WorkloadResult(BaseModel):
     device_time: TimingStats | None = Field(default=None, description="the GPU's queue kept full")
     host: TimingStats | None = Field(default=None, description="the solution's own host time to issue one call")
     flags: list[Flag] = []
+    timed_checks: TimedChecks | None = None
     cuda_graph: GraphTiming | None = None
     kernels: KernelProfile | None = None
     flops: int

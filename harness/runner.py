@@ -19,6 +19,7 @@ on each input set and of the last call at fresh addresses are checked again.
 from __future__ import annotations
 
 import copy
+import secrets
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from harness.results import (
     GraphTiming,
     ResultsError,
     SolutionRecord,
+    TimedChecks,
     TrialReport,
     WorkloadResult,
     load_calibration,
@@ -182,7 +184,6 @@ def check_call(
     workload: Workload,
     inputs: dict[str, torch.Tensor],
     outputs: list[torch.Tensor],
-    reference: tuple[torch.Tensor, ...],
     device: torch.device,
     seed: int,
     pristine: guards.Pristine,
@@ -191,7 +192,9 @@ def check_call(
     """One guarded call of the solution; returns the verdict and what the call produced.
 
     `pristine` holds the watched functions and numeric settings as they were before the solution was
-    imported, so that a change made at import time is caught as surely as one made during a call.
+    imported, so that a change made at import time is caught as surely as one made during a call. The reference
+    is computed only after the call, from the inputs' snapshot: while the solution runs, no tensor in the process
+    holds the answer.
     """
     snapshot = guards.snapshot(inputs)
     settings, watched = pristine.settings, pristine.functions
@@ -251,7 +254,7 @@ def check_call(
         aliased = guards.aliased_inputs(out, inputs) if isinstance(out, torch.Tensor) else []
         if aliased:
             return verdict(Status.REWARD_HACK, f"output {spec.name} aliases input {', '.join(aliased)}")
-    checks, status, message = check_outputs(workload, produced, reference)
+    checks, status, message = check_outputs(workload, produced, compute_reference(snapshot))
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 
 
@@ -468,7 +471,7 @@ class Bench:
             if near_duplicate:
                 redraw(inputs, "grad_output", trial_seed(self.options.seed, index, trial))
             report, produced = check_call(
-                call, workload, inputs, output_pool[k], compute_reference(inputs), self.device, seed, self._pristine, late_work
+                call, workload, inputs, output_pool[k], self.device, seed, self._pristine, late_work
             )
             replayed = next((j for j, old in enumerate(earlier) if produced and all(map(_same_bits, produced, old))), None)
             if replayed is not None:
@@ -501,19 +504,28 @@ class Bench:
         output_pool: list[list[torch.Tensor]],
         result: WorkloadResult,
     ) -> None:
-        """Device time over the input sets, call latency and host cost at fresh addresses, then the verification of
-        the timed calls' outputs; the optional CUDA-graph timing and kernel profile last."""
+        """Device time over the input sets, call latency and host cost at fresh addresses, then the checks of the
+        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph timing and
+        kernel profile last."""
         seeds = (trial_seed(self.options.seed, index, n) for n in range(self.options.trials + LATE_WORK_RECHECKS, 1 << 62))
+        device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
         try:
-            result.device_time, on_sets = self._time_device(call, workload.dims, pool, output_pool, seeds)
-            result.call_latency, result.host, fresh = self._time_call_latency(call, workload.dims, pool[0], output_pool[0], seeds)
+            result.device_time, on_sets = self._time_device(call, workload.dims, pool, output_pool, seeds, device_checks)
+            result.call_latency, result.host, fresh = self._time_call_latency(
+                call, workload.dims, pool[0], output_pool[0], seeds, latency_checks
+            )
         except Exception as exc:  # noqa: BLE001 - a failure while timing is the solution's result
             result.status, result.message = Status.RUNTIME_ERROR, "during timing: " + _describe_exception(exc)
             return
         if self.device.type == "cuda" and result.host.median_us > result.device_time.mean_us:
             result.flags.append("HOST_BOUND")
+        result.timed_checks = TimedChecks(
+            poison_checked=device_checks.calls + latency_checks.calls,
+            verified_device_time_calls=[c.index for c in device_checks.kept],
+            verified_call_latency_calls=[c.index for c in latency_checks.kept],
+        )
         if result.status is Status.PASSED:
-            self._verify_timed_outputs(workload, [*on_sets, fresh], result)
+            self._verify_timed_outputs(workload, device_checks, latency_checks, [*on_sets, fresh], result)
         if self.options.cuda_graph:
             result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
         if self.options.kernels and self.device.type == "cuda":
@@ -525,44 +537,57 @@ class Bench:
             result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
 
     def _time_device(
-        self, call: SolutionCaller, dims: Dims, pool: list[dict[str, torch.Tensor]], output_pool: list[list[torch.Tensor]], seeds: Iterator[int]
+        self,
+        call: SolutionCaller,
+        dims: Dims,
+        pool: list[dict[str, torch.Tensor]],
+        output_pool: list[list[torch.Tensor]],
+        seeds: Iterator[int],
+        checks: TimedOutputChecks,
     ) -> tuple[TimingStats, list[TimedCall]]:
         """Device time rotating over the input sets, redrawn in place before each call; the last call on each set."""
-        last = [TimedCall(inputs, 0) for inputs in pool]
+        last: list[TimedCall | None] = [None] * len(pool)
 
         def prepare(k: int) -> None:
-            last[k].seed = next(seeds)
-            fill_inputs(pool[k], dims, last[k].seed)
+            seed = next(seeds)
+            fill_inputs(pool[k], dims, seed)
             guards.poison(output_pool[k])
+            checks.current = last[k] = TimedCall(pool[k], seed)
 
         def timed_call(k: int) -> None:
             last[k].outputs = call(pool[k], output_pool[k])
 
-        timing = time_device(timed_call, prepare, len(pool), self.device, self.options.timing)
-        return timing, [c for c in last if c.outputs]
+        timing = time_device(timed_call, prepare, len(pool), self.device, self.options.timing, checks.after)
+        return timing, [c for c in last if c is not None and c.outputs]
 
     def _time_call_latency(
-        self, call: SolutionCaller, dims: Dims, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], seeds: Iterator[int]
+        self,
+        call: SolutionCaller,
+        dims: Dims,
+        inputs: dict[str, torch.Tensor],
+        outputs: list[torch.Tensor],
+        seeds: Iterator[int],
+        checks: TimedOutputChecks,
     ) -> tuple[TimingStats, TimingStats, TimedCall]:
         """Call latency and host cost, every call drawn at fresh addresses shaped like `inputs` and `outputs`; the last
         call."""
         config = self.options.timing
         fresh = FreshAddresses([*inputs.values(), *outputs], config.warmup_calls + config.max_calls)
-        last = TimedCall({}, 0)
         buffers: list[torch.Tensor] = []
 
         def prepare(i: int) -> None:
             tensors = fresh.at(i)
-            last.inputs, buffers[:] = dict(zip(inputs, tensors)), tensors[len(inputs) :]
-            last.seed = next(seeds)
-            fill_inputs(last.inputs, dims, last.seed)
+            drawn, buffers[:] = dict(zip(inputs, tensors)), tensors[len(inputs) :]
+            seed = next(seeds)
+            fill_inputs(drawn, dims, seed)
             guards.poison(buffers)
+            checks.current = TimedCall(drawn, seed)
 
         def timed_call(i: int) -> None:
-            last.outputs = call(last.inputs, buffers)
+            checks.current.outputs = call(checks.current.inputs, buffers)
 
-        latency, host = time_call_latency(timed_call, prepare, self.device, config)
-        return latency, host, last
+        latency, host = time_call_latency(timed_call, prepare, self.device, config, checks.after)
+        return latency, host, checks.current
 
     def _time_graph(
         self, call: SolutionCaller, workload: Workload, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], seeds: Iterator[int]
@@ -587,37 +612,87 @@ class Bench:
         _, status, detail = check_outputs(workload, produced, compute_reference(inputs))
         return GraphTiming(timing=timing, error="" if status is Status.PASSED else f"the last replay's outputs fail the check: {detail}")
 
-    def _verify_timed_outputs(self, workload: Workload, timed: list[TimedCall], result: WorkloadResult) -> None:
-        """The outputs left by the last timed call on each input set, and by the last call at fresh addresses, must match
-        the reference too."""
-        for checked in timed:
-            seed = checked.seed
-            mutated = guards.mutated_inputs(generate_inputs(workload.dims, seed, self.device), checked.inputs)
+    def _verify_timed_outputs(
+        self, workload: Workload, device_checks: TimedOutputChecks, latency_checks: TimedOutputChecks, last: list[TimedCall], result: WorkloadResult
+    ) -> None:
+        """After timing: no timed call left an output element unwritten (or NaN); the sampled calls' outputs and those
+        of the last call on each input set and at fresh addresses match the reference; those last calls' inputs are
+        unmodified."""
+        for name, checks in (("device-time", device_checks), ("call-latency", latency_checks)):
+            poisoned = checks.poisoned_calls()
+            if poisoned:
+                result.status = Status.REWARD_HACK
+                result.message = (f"{len(poisoned)} of {checks.calls} {name} calls left output elements unwritten or NaN "
+                                  f"(calls {', '.join(map(str, poisoned[:8]))}) although the trials passed")  # fmt: skip
+                return
+        for checked in last:
+            mutated = guards.mutated_inputs(generate_inputs(workload.dims, checked.seed, self.device), checked.inputs)
             if mutated:
                 result.status = Status.REWARD_HACK
-                result.message = f"inputs modified during timing (seed {seed}): {', '.join(mutated)}"
+                result.message = f"inputs modified during timing (seed {checked.seed}): {', '.join(mutated)}"
                 return
-            checks, status, detail = check_outputs(workload, checked.outputs, compute_reference(checked.inputs))
+        for checked in [*device_checks.kept, *latency_checks.kept, *last]:
+            inputs = generate_inputs(workload.dims, checked.seed, self.device)
+            checks, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
             if status is not Status.PASSED:
                 if any(_grossly_wrong(check) for check in checks):
                     result.status = Status.REWARD_HACK
-                    result.message = f"outputs of timed calls (seed {seed}) are wrong although the trials passed: {detail}"
+                    result.message = f"outputs of timed calls (seed {checked.seed}) are wrong although the trials passed: {detail}"
                 else:
                     result.status = Status.INCORRECT_NUMERICAL
                     result.message = (
-                        f"outputs of timed calls (seed {seed}) narrowly miss the tolerance although the trials passed "
+                        f"outputs of timed calls (seed {checked.seed}) narrowly miss the tolerance although the trials passed "
                         f"(numerically marginal, not counted as cheating): {detail}"
                     )
                 return
 
 
+# Timed calls of each timing whose outputs are kept and verified in full against the reference after the timing.
+VERIFIED_TIMED_CALLS = 3
+
+
+class TimedOutputChecks:
+    """The checks of one timing's calls, made outside the timed window as each call ends (the timers' `after`).
+
+    Every call's outputs are checked for the poison the harness filled them with (an element left unwritten) and for
+    NaN. VERIFIED_TIMED_CALLS of the calls, a uniformly random sample drawn from the operating system's entropy by
+    reservoir sampling as each call ends, keep a copy of their outputs for verification in full against the reference
+    after the timing: no call can know, when it returns, whether it will be verified, so a solution that skips or
+    fakes its work on a fraction f of the calls is caught with probability 1 - (1 - f)^VERIFIED_TIMED_CALLS per timing
+    (and surely where it leaves any output unwritten).
+    """
+
+    def __init__(self) -> None:
+        self.current: TimedCall | None = None  # the call being made (set by the timing's prepare)
+        self.calls = 0
+        self.kept: list[TimedCall] = []
+        self._unwritten: list[torch.Tensor] = []  # per call, whether an output element still holds NaN
+        self._random = secrets.SystemRandom()
+
+    def after(self, i: int) -> None:
+        produced = [out for out in self.current.outputs if isinstance(out, torch.Tensor)]
+        left = [torch.isnan(out).any() for out in produced if out.is_floating_point()]
+        self._unwritten.append(torch.stack(left).any() if left else torch.zeros((), dtype=torch.bool))
+        self.calls += 1
+        slot = self.calls - 1 if self.calls <= VERIFIED_TIMED_CALLS else self._random.randrange(self.calls)
+        if slot < VERIFIED_TIMED_CALLS:
+            kept = TimedCall({}, self.current.seed, [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs], i)
+            self.kept[slot : slot + 1] = [kept]
+
+    def poisoned_calls(self) -> list[int]:
+        """The calls (in order, from 0) whose outputs held NaN when they ended."""
+        return [i for i, flag in enumerate(torch.stack(self._unwritten).tolist()) if flag] if self._unwritten else []
+
+
 @dataclass
 class TimedCall:
-    """A timed call whose outputs are verified after timing: its inputs, the seed they were drawn from, its outputs."""
+    """A timed call whose outputs are verified after timing: its inputs, the seed they were drawn from, its outputs
+    and its number among the timing's calls."""
 
     inputs: dict[str, torch.Tensor]
     seed: int
     outputs: list[object] = field(default_factory=list)
+    index: int = 0
 
 
 def run_side_by_side(

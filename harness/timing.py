@@ -142,12 +142,21 @@ class FreshAddresses:
         return [pool[offset : offset + nbytes].view(dtype).view(shape) for pool, (shape, dtype, nbytes) in zip(self.pools, self.templates)]
 
 
+def _nothing(i: int) -> None:
+    pass
+
+
 def time_call_latency(
-    call: Callable[[int], None], prepare: Callable[[int], None], device: torch.device, config: TimingConfig = TimingConfig()
+    call: Callable[[int], None],
+    prepare: Callable[[int], None],
+    device: torch.device,
+    config: TimingConfig = TimingConfig(),
+    after: Callable[[int], None] = _nothing,
 ) -> tuple[TimingStats, TimingStats]:
     """(call latency, host cost) of `call(i)` for i = 0, 1, ...: `prepare(i)` gives call i its fresh inputs (at
-    addresses of its own, see FreshAddresses) outside the timed window; the device is idle when each call starts.
-    At most config.warmup_calls + config.max_calls calls are made."""
+    addresses of its own, see FreshAddresses) outside the timed window; the device is idle when each call starts;
+    `after(i)` runs once the call has finished, outside the window. At most config.warmup_calls + config.max_calls
+    calls are made."""
     flush = L2Flusher(device) if device.type == "cuda" else None
     samples: list[float] = []
     host: list[float] = []
@@ -169,6 +178,7 @@ def time_call_latency(
             elapsed_us = start.elapsed_time(end) * 1e3
         else:
             elapsed_us = (issued - issue) * 1e6
+        after(i)
         i += 1
         if i <= config.warmup_calls:
             continue
@@ -203,16 +213,23 @@ def time_device(
     input_sets: int,
     device: torch.device,
     config: TimingConfig = TimingConfig(),
+    after: Callable[[int], None] = _nothing,
 ) -> TimingStats:
     """Device time of `call(k)` on input set k, after `prepare(k)` outside the timed window, rotating k over the sets
-    (on a CPU: the wall clock of the same calls)."""
+    (on a CPU: the wall clock of the same calls). `after(i)` follows the i-th call (warm-ups counted), outside the
+    window: on the GPU it is issued behind the call on the same stream, before the call has run."""
     if device.type == "cuda":
-        return _time_cuda(call, prepare, input_sets, device, config)
-    return _time_cpu(call, prepare, input_sets, config)
+        return _time_cuda(call, prepare, input_sets, device, config, after)
+    return _time_cpu(call, prepare, input_sets, config, after)
 
 
 def _time_cuda(
-    call: Callable[[int], None], prepare: Callable[[int], None], input_sets: int, device: torch.device, config: TimingConfig
+    call: Callable[[int], None],
+    prepare: Callable[[int], None],
+    input_sets: int,
+    device: torch.device,
+    config: TimingConfig,
+    after: Callable[[int], None],
 ) -> TimingStats:
     flush = L2Flusher(device)
     host_seconds = []
@@ -223,6 +240,7 @@ def _time_cuda(
         flush()
         call(k % input_sets)
         host_seconds.append(time.perf_counter() - begin)
+        after(k)
     _device_synchronize(device)
     host_per_call = statistics.median(host_seconds)
     # After each synchronisation the GPU's queue is empty, and where the host needs longer to issue an iteration
@@ -245,6 +263,7 @@ def _time_cuda(
             call(k % input_sets)
             end.record()
             events.append((start, end))
+            after(config.warmup_calls + k)
             k += 1
         _device_synchronize(device)
         samples.extend(start.elapsed_time(end) * 1e3 for start, end in events)
@@ -254,11 +273,12 @@ def _time_cuda(
 
 
 def _time_cpu(
-    call: Callable[[int], None], prepare: Callable[[int], None], input_sets: int, config: TimingConfig
+    call: Callable[[int], None], prepare: Callable[[int], None], input_sets: int, config: TimingConfig, after: Callable[[int], None]
 ) -> TimingStats:
     for k in range(config.warmup_calls):
         prepare(k % input_sets)
         call(k % input_sets)
+        after(k)
     samples: list[float] = []
     started = time.perf_counter()
     k = 0
@@ -268,6 +288,7 @@ def _time_cpu(
             begin = time.perf_counter()
             call(k % input_sets)
             samples.append((time.perf_counter() - begin) * 1e6)
+            after(config.warmup_calls + k)
             k += 1
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break

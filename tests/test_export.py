@@ -154,7 +154,6 @@ class _ProjectBlocked(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "harness":
             raise ImportError(f"{name} is this project's, not part of the export")
-        return None
 
 
 def definition_json() -> str:

@@ -41,6 +41,9 @@ EXPECTED: dict[str, list[str]] = {
     "enables_tf32": every("REWARD_HACK"),
     "lazy_subclass": every("REWARD_HACK"),
     "wrong_dtype": every("INCORRECT_DTYPE"),
+    "reads_reference_via_gc": every("INCORRECT_NUMERICAL"),
+    "skips_timed_calls": every("REWARD_HACK"),
+    "replays_timed_calls": every("REWARD_HACK"),
     "sleeps_past_timeout": except_at_t17("TIMEOUT"),
     "crashes_mid_suite": except_at_t17("RUNTIME_ERROR"),
 }
@@ -55,6 +58,9 @@ REASONS = {
     "enables_tf32": "allow_tf32",
     "lazy_subclass": "Deferred",
     "wrong_dtype": "dtype torch.float32",
+    "reads_reference_via_gc": "grad_w1_weight:",
+    "skips_timed_calls": "left output elements unwritten or NaN",
+    "replays_timed_calls": "outputs of timed calls",
     "sleeps_past_timeout": "no answer within",
     "crashes_mid_suite": "exited (code 139)",
 }
