@@ -239,12 +239,12 @@ def _time_cuda(
         prepare(k % input_sets)
         flush()
         call(k % input_sets)
-        host_seconds.append(time.perf_counter() - begin)
         after(k)
+        host_seconds.append(time.perf_counter() - begin)
     _device_synchronize(device)
     host_per_call = statistics.median(host_seconds)
     # After each synchronisation the GPU's queue is empty, and where the host needs longer to issue an iteration
-    # (prepare, flush, the solution's launches) than the GPU needs to run it, later calls would time the host
+    # (prepare, flush, the solution's launches, the checks after it) than the GPU needs to run it, later calls would time the host
     # instead. A spin on the GPU as long as 1.5x the host's time for the whole batch keeps the queue full, so
     # every call of a batch starts when its predecessor ends.
     head_start_cycles = int(max(1e-3, 1.5 * config.batch_calls * host_per_call) * SPIN_CYCLES_PER_SECOND)
