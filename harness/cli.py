@@ -15,7 +15,7 @@ from rich.table import Table
 from harness import compare as comparing
 from harness import provenance
 from harness.problem import FFN_DIM, HIDDEN_DIM
-from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution
+from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution, scan
 from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, find_results, result_path, save
 from harness.status import Status
 from harness.timing import TimingConfig
@@ -32,7 +32,13 @@ from harness.workloads import (
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark harness for the MoE expert SwiGLU backward.")
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.
 console = Console(width=None if Console().is_terminal else 160)
+errors = Console(stderr=True, width=console.width)
 USER_ERRORS = (SolutionError, ManifestError, ResultsError, KeyError)
+
+
+def _message(exc: Exception) -> str:
+    """The error's own message (a KeyError's str() would quote it)."""
+    return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
 
 def fail(message: str) -> None:
@@ -48,6 +54,12 @@ def pick_device(requested: str) -> torch.device:
     if requested not in ("cuda", "cpu"):
         fail(f"--device must be auto, cuda or cpu, got '{requested}'")
     return torch.device(requested)
+
+
+def _one_line(text: str, width: int = 90) -> str:
+    """The text's first sentence, cut to `width` characters."""
+    first = text.split(". ")[0].strip()
+    return first if len(first) <= width else first[: width - 1].rstrip() + "…"
 
 
 def _mean(values: list[float]) -> float:
@@ -130,7 +142,7 @@ def print_failures(workloads: list[WorkloadResult]) -> None:
 @app.command()
 def bench(
     solution: Annotated[str, typer.Option("--solution", "-s", help="a solution name, several joined by commas, or 'all'")],
-    suite: Annotated[Optional[str], typer.Option(help="workload suite; default: public on a GPU, smoke on a CPU")] = None,
+    suite: Annotated[Optional[str], typer.Option(help="workload suite by name, or a manifest's path (.yaml); default: public on a GPU, smoke on a CPU")] = None,
     workload: Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="uuid (or prefix) or index; repeatable")] = None,
     trials: Annotated[Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")] = None,
     seed: Annotated[int, typer.Option(help="base seed of every input set")] = 0,
@@ -159,11 +171,13 @@ def bench(
         if dev.type == "cpu":
             console.print("[yellow]No CUDA GPU: running the smoke suite on the CPU; times are CPU wall clock.[/yellow]")
     try:
-        chosen_suite = load_named_suite(suite)
+        chosen_suite = load_suite(Path(suite)) if suite.endswith((".yaml", ".yml")) else load_named_suite(suite)
         chosen = chosen_suite.select(workload) if workload else chosen_suite.workloads
         if dev.type == "cpu" and needs_gpu(chosen):
             fail(f"the {suite} suite (H={HIDDEN_DIM}, F={FFN_DIM}) needs a CUDA GPU; on a CPU use --suite smoke")
         names = list(discover(solutions_dir)) if solution == "all" else [n.strip() for n in solution.split(",") if n.strip()]
+        if not names:
+            fail(f"--solution names no solution ('{solution}'): give one or more names joined by commas, or 'all'")
         solutions = [get_solution(name, solutions_dir) for name in names]
         options = BenchOptions(
             trials=trials or (5 if dev.type == "cuda" else 3),
@@ -176,7 +190,7 @@ def bench(
         benches = [] if isolation else [Bench(sol, dev, options, results_dir) for sol in solutions]
         scorer = Scorer(dev, results_dir)
     except USER_ERRORS as exc:
-        fail(str(exc).strip("'\""))
+        fail(_message(exc))
     if kernels and dev.type != "cuda":
         console.print("[yellow]--kernels profiles GPU activity: skipped on the CPU.[/yellow]")
     for sol in solutions:
@@ -228,15 +242,14 @@ def list_cmd(
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
 ) -> None:
     """Show the registered solutions and the workload suites."""
-    try:
-        solutions = discover(solutions_dir)
-    except SolutionError as exc:
-        fail(str(exc))
+    solutions, broken = scan(solutions_dir)
     table = Table(title="Solutions")
-    for column in ("name", "language", "devices", "author", "description"):
-        table.add_column(column)
+    for column in ("name", "language", "devices", "description"):
+        table.add_column(column, no_wrap=column != "description")
     for sol in solutions.values():
-        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices), sol.spec.author, sol.spec.description.split(". ")[0])
+        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices), _one_line(sol.spec.description))
+    for name, problem in broken.items():
+        table.add_row(name, "[red]invalid[/red]", "", _one_line(problem, 200))
     console.print(table)
     table = Table(title="Suites")
     for column in ("name", "workloads", "description"):
@@ -252,10 +265,9 @@ def list_cmd(
 
 
 def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
-    try:
-        frame = comparing.load_frame(results_dir, device, solutions, suite)
-    except ResultsError as exc:
-        fail(str(exc))
+    frame = comparing.load_frame(results_dir, device, solutions, suite)
+    for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
+        errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if frame.empty:
         fail(f"no result files under {results_dir}" + (f" for device {device}" if device else "") + (f" for suite {suite}" if suite else ""))
     return frame
@@ -351,6 +363,7 @@ def import_workloads_cmd(
     name: Annotated[str, typer.Option(help="the suite's name; the manifest is workloads/NAME.yaml unless --output says otherwise")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write the YAML manifest")] = None,
     description: Annotated[str, typer.Option(help="the suite's description")] = "",
+    force: Annotated[bool, typer.Option("--force", help="replace the manifest if it exists")] = False,
 ) -> None:
     """Turn a SOL-ExecBench workload file into a workload manifest of ours."""
     from harness.solexecbench import FormatError, import_workloads, suite_yaml
@@ -360,6 +373,8 @@ def import_workloads_cmd(
     except FormatError as exc:
         fail(str(exc))
     target = output or WORKLOADS_DIR / f"{name}.yaml"
+    if target.exists() and not force:
+        fail(f"{target} exists (the {target.stem} suite): choose another --name or --output, or pass --force to replace it")
     target.write_text(suite_yaml(suite))
     console.print(f"wrote {target} ({len(suite.workloads)} workloads)", highlight=False)
 

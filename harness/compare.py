@@ -1,7 +1,8 @@
 """Comparing result files: pandas frames per workload and per solution, rendered as a rich table, CSV or Markdown.
 
 The SOL score is recomputed here from the baseline (reference_fp32) file of the same device, so that a
-baseline benched after a solution still scores it. A workload that did not pass scores S = 0.
+baseline benched after a solution still scores it. A workload that did not pass scores S = 0, and its time counts
+in no mean: solutions rank by workloads passed, then by mean call latency over those.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from harness.results import find_results, load_result
+from harness.results import ResultsError, find_results, load_result
 from harness.roofline import sol_score
 from harness.runner import BASELINE_SOLUTION
 from harness.status import Status
@@ -23,13 +24,18 @@ def load_frame(
     results_dir: Path, device: str | None = None, solutions: list[str] | None = None, suite: str | None = None
 ) -> pd.DataFrame:
     """One row per (device, solution, workload) over the result files under results_dir: each device's default
-    suite's, or `suite`'s."""
-    rows = []
+    suite's, or `suite`'s. A file that cannot be read is left out, and named with the reason in the frame's
+    attrs["skipped"], so that one broken file stops only what needs it."""
+    rows, skipped = [], []
     for path in find_results(results_dir, suite):
         slug = path.relative_to(results_dir).parts[0]
         if device is not None and slug != device:
             continue
-        result = load_result(path)
+        try:
+            result = load_result(path)
+        except ResultsError as exc:
+            skipped.append(str(exc))
+            continue
         if solutions is not None and result.solution.name not in solutions:
             continue
         for w in result.workloads:
@@ -53,9 +59,10 @@ def load_frame(
                 }
             )
     frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
-    return _with_scores(frame)
+    if not frame.empty:
+        frame = _with_scores(frame)
+    frame.attrs["skipped"] = skipped
+    return frame
 
 
 def _with_scores(frame: pd.DataFrame) -> pd.DataFrame:
@@ -83,30 +90,34 @@ def _geomean(values: pd.Series) -> float:
 
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (device, suite, solution): pass count, call latency aggregates (the headline), %SOL, S and speedup
-    on call latency, then the mean device time, its S, and the mean host cost."""
+    """One row per (device, suite, solution), ranked by workloads passed, then by mean call latency: call-latency
+    aggregates, %SOL and speedup over the passed workloads only (a failed workload's time is no result), S over all
+    (a failed workload scores 0), then the mean device time, its S, and the mean host cost. A solution that failed
+    any workload says how many in `failed`."""
     rows = []
     for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
-        timed = group.latency_us.dropna()
+        passed = group[group.status == Status.PASSED.value]
+        timed = passed.latency_us.dropna()
         rows.append(
             {
                 "device": device,
                 "suite": suite,
                 "solution": solution,
-                "passed": f"{int((group.status == Status.PASSED.value).sum())}/{len(group)}",
-                "timed": len(timed),
+                "passed": f"{len(passed)}/{len(group)}",
+                "failed": len(group) - len(passed),
                 "mean_us": timed.mean() if len(timed) else math.nan,
                 "geomean_us": _geomean(timed),
-                "mean_pct_sol": group.pct_sol.mean(),
-                "mean_pct_sol_measured": group.pct_sol_measured.mean(),
+                "mean_pct_sol": passed.pct_sol.mean(),
+                "mean_pct_sol_measured": passed.pct_sol_measured.mean(),
                 "mean_sol_score": group.sol_score.mean(),
-                "speedup_vs_baseline": _geomean(group.speedup_vs_baseline),
-                "mean_device_us": group.device_us.mean(),
+                "speedup_vs_baseline": _geomean(passed.speedup_vs_baseline),
+                "mean_device_us": passed.device_us.mean(),
                 "mean_device_sol_score": group.device_sol_score.mean(),
-                "mean_host_us": group.host_us.mean(),
+                "mean_host_us": passed.host_us.mean(),
             }
         )
-    return pd.DataFrame(rows).sort_values(["device", "suite", "mean_us"]).reset_index(drop=True)
+    ranked = pd.DataFrame(rows).sort_values(["device", "suite", "failed", "mean_us"], na_position="last")
+    return ranked.reset_index(drop=True)
 
 
 def by_workload(frame: pd.DataFrame, value: str = "latency_us") -> pd.DataFrame:

@@ -115,16 +115,27 @@ def _read_spec(manifest: Path) -> SolutionSpec:
     return spec
 
 
+def scan(directory: Path = SOLUTIONS_DIR) -> tuple[dict[str, Solution], dict[str, str]]:
+    """Every folder of `directory` that holds a solution.yaml: the valid ones by name, and for the others why not, so
+    that one broken manifest stops only what names that solution."""
+    solutions, broken = {}, {}
+    for manifest in sorted(directory.glob(f"*/{MANIFEST}")):
+        try:
+            solutions[manifest.parent.name] = Solution(_read_spec(manifest), manifest.parent)
+        except SolutionError as exc:
+            broken[manifest.parent.name] = str(exc)
+    return solutions, broken
+
+
 def discover(directory: Path = SOLUTIONS_DIR) -> dict[str, Solution]:
-    """Every folder of `directory` that holds a solution.yaml, by name."""
-    return {
-        manifest.parent.name: Solution(_read_spec(manifest), manifest.parent)
-        for manifest in sorted(directory.glob(f"*/{MANIFEST}"))
-    }
+    """The valid solutions of `directory`, by name (scan gives the broken ones too)."""
+    return scan(directory)[0]
 
 
 def get_solution(name: str, directory: Path = SOLUTIONS_DIR) -> Solution:
-    solutions = discover(directory)
+    solutions, broken = scan(directory)
+    if name in broken:
+        raise SolutionError(broken[name])
     if name not in solutions:
         raise SolutionError(f"unknown solution '{name}'; known solutions: {', '.join(solutions) or 'none'}")
     return solutions[name]

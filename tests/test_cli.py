@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
+from harness.registry import discover
 from tests.conftest import HAS_CUDA
 
 runner = CliRunner()
@@ -85,7 +86,10 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("bench", "--solution", "nope"), "unknown solution 'nope'; known solutions: reference_fp32, torch_compile, torch_cublas, torch_eager, triton_fused"),
+        (("bench", "--solution", "nope"), f"unknown solution 'nope'; known solutions: {', '.join(discover())}"),
+        (("bench", "--solution", ""), "--solution names no solution"),
+        (("bench", "--solution", " , "), "--solution names no solution"),
+        (("bench", "--solution", "torch_eager", "--workload", "zzz"), "error: 'zzz' matches 0 workloads"),
         (("bench", "--solution", "torch_eager", "--suite", "public"), "needs a CUDA GPU"),
         (("bench", "--solution", "torch_eager", "--suite", "edges"), "the edges suite (H=4096, F=14336) needs a CUDA GPU"),
         (("bench", "--solution", "torch_eager", "--suite", "nightly"), "unknown suite 'nightly'"),
@@ -153,3 +157,57 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
     imported = invoke("import-workloads", str(data), "--name", "imported", "-o", str(manifest))
     assert imported.exit_code == 0 and "16 workloads" in imported.output
     assert "uuid: 65d4e462-8635-5572-8b83-344b86af55f2" in manifest.read_text()
+
+
+def test_compare_ranks_by_passed_workloads_and_averages_only_those(tmp_path: Path, make_solution) -> None:
+    """A solution that fails every workload with NaN outputs, however fast, ranks below one that passes, and its
+    times count in no mean or speed-up."""
+    root = make_solution("fast_nan", "def run(*tensors):\n    for out in tensors[12:]:\n        out.fill_(float('nan'))\n")
+    for name, folder in (("fast_nan", root), ("torch_eager", None), ("reference_fp32", None)):
+        extra = ["--solutions-dir", str(folder)] if folder else []
+        invoke("bench", "-s", name, "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "4", *extra)
+    frame = pd.read_csv(io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--format", "csv").output))
+    assert list(frame.solution)[-1] == "fast_nan"
+    failed = frame.set_index("solution").loc["fast_nan"]
+    assert failed.passed == "0/6" and failed.failed == 6
+    assert pd.isna(failed.mean_us) and pd.isna(failed.speedup_vs_baseline) and failed.mean_sol_score == 0
+
+
+def test_a_broken_manifest_stops_only_what_names_it(tmp_path: Path, make_solution) -> None:
+    root = make_solution("good", "def run(*tensors):\n    pass\n")
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "solution.yaml").write_text("name: broken\nlanguage: fortran\n")
+    listed = invoke("list", "--solutions-dir", str(root))
+    assert listed.exit_code == 0 and "good" in listed.output and "invalid" in listed.output
+    named = invoke("bench", "-s", "broken", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
+    assert named.exit_code == 2 and "broken/solution.yaml" in named.output and "language" in named.output
+    other = invoke("bench", "-s", "good", "-w", "0", "--trials", "1", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
+    assert "good: passed 0/1" in other.output and "Traceback" not in other.output
+
+
+def test_a_corrupt_result_file_is_skipped_by_name(tmp_path: Path) -> None:
+    assert invoke("bench", "-s", "torch_eager", "--trials", "1", "--max-calls", "4", "--results-dir", str(tmp_path)).exit_code == 0
+    (tmp_path / "cpu" / "torch_compile.json").write_text("{not json")
+    table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
+    assert table.exit_code == 0 and "skipped:" in table.output and "torch_compile.json" in table.output
+    assert "torch_eager" in table.output
+    figures = invoke("plot", "--results-dir", str(tmp_path), "--out", str(tmp_path / "figures"))
+    assert figures.exit_code == 0 and (tmp_path / "figures" / "cpu-latency.png").is_file()
+
+
+def test_import_workloads_keeps_an_existing_manifest_unless_forced(tmp_path: Path) -> None:
+    data = Path(__file__).resolve().parent / "data" / "sol-execbench-009-workload.jsonl"
+    manifest = tmp_path / "smoke.yaml"
+    manifest.write_text("keep me\n")
+    refused = invoke("import-workloads", str(data), "--name", "smoke", "-o", str(manifest))
+    assert refused.exit_code == 2 and "exists" in refused.output and manifest.read_text() == "keep me\n"
+    forced = invoke("import-workloads", str(data), "--name", "smoke", "-o", str(manifest), "--force")
+    assert forced.exit_code == 0 and "uuid: 65d4e462" in manifest.read_text()
+
+
+def test_a_suite_given_by_its_manifest_path(tmp_path: Path) -> None:
+    manifest = Path(__file__).resolve().parent.parent / "workloads" / "smoke.yaml"
+    result = invoke("bench", "-s", "torch_eager", "--suite", str(manifest), "-w", "0", "--trials", "1", "--results-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "torch_eager: passed 1/1" in result.output
