@@ -211,3 +211,13 @@ def test_a_suite_given_by_its_manifest_path(tmp_path: Path) -> None:
     result = invoke("bench", "-s", "torch_eager", "--suite", str(manifest), "-w", "0", "--trials", "1", "--results-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "torch_eager: passed 1/1" in result.output
+
+
+def test_readme_table_is_what_the_committed_results_generate() -> None:
+    """The README's results table is `harness compare --device nvidia-h200 --format markdown` over the committed
+    files, verbatim: a new run's files and the README change together."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    marker = "<!-- harness compare --device nvidia-h200 --format markdown -->\n"
+    table = readme[readme.index(marker) + len(marker) : readme.index("\n<!-- end of the generated table -->")]
+    generated = invoke("compare", "--device", "nvidia-h200", "--format", "markdown")
+    assert generated.exit_code == 0 and generated.output.strip() == table.strip()
