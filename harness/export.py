@@ -8,7 +8,6 @@ exported only when asked, marked partial.
 from __future__ import annotations
 
 import ast
-import hashlib
 import math
 from pathlib import Path
 
@@ -81,13 +80,12 @@ def bundled_reference_source() -> str:
 
 
 def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
-    """The solution's sources, refused unless each is byte for byte the one the result measured."""
+    """The solution's sources, refused unless each is the one the result measured: the same code (comments and
+    docstrings aside), or for an older result the same text."""
     sources = solution.sources()
     expected = result.solution.source_sha256
-    changed = [
-        path for path in sorted(set(sources) | set(expected))
-        if hashlib.sha256(sources.get(path, "").encode()).hexdigest() != expected.get(path)
-    ]
+    current = solution.source_hashes(result.solution.source_hash_method)
+    changed = [path for path in sorted(set(current) | set(expected)) if current.get(path) != expected.get(path)]
     if changed:
         raise ExportError(
             f"the sources of '{solution.name}' differ from those its result measured ({', '.join(changed)}): "

@@ -9,9 +9,12 @@ order of harness.problem and the function writes the outputs in place; otherwise
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import io
 import sys
+import tokenize
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +53,51 @@ class SolutionSpec(BaseModel):
         return value
 
 
+# How a result file identifies the sources it measured: by their code (comments and docstrings left out) or, in files
+# written before that, by their text.
+HashMethod = Literal["code", "text"]
+
+
+def _text_hash(path: str, text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def source_code_hash(path: str, text: str) -> str:
+    """sha256 of a Python source's code: its text without comments, docstrings and blank lines, so that fixing a
+    comment keeps a measurement valid while any change of code does not (the same under every Python version, which
+    an AST dump is not). Other files, and Python that does not parse, hash as text."""
+    if not path.endswith(".py"):
+        return _text_hash(path, text)
+    try:
+        code = _without_comments_and_docstrings(text)
+    except (SyntaxError, tokenize.TokenError):
+        return _text_hash(path, text)
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def _without_comments_and_docstrings(text: str) -> str:
+    lines = text.splitlines()
+    cuts = []  # (first line, first column, last line, end column): 1-based lines, character columns
+
+    def column(line: int, byte_offset: int) -> int:  # the AST counts columns in UTF-8 bytes
+        return len(lines[line - 1].encode()[:byte_offset].decode(errors="ignore"))
+
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                cuts.append((first.lineno, column(first.lineno, first.col_offset), first.end_lineno,
+                             column(first.end_lineno, first.end_col_offset)))  # fmt: skip
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT:
+            cuts.append((*token.start, *token.end))
+    for first_line, first_col, last_line, end_col in sorted(cuts, reverse=True):
+        head, tail = lines[first_line - 1][:first_col], lines[last_line - 1][end_col:]
+        lines[first_line - 1 : last_line] = [head + tail]
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
 @dataclass(frozen=True)
 class Solution:
     spec: SolutionSpec
@@ -68,8 +116,11 @@ class Solution:
         )
         return {str(path.relative_to(self.folder)): path.read_text() for path in files}
 
-    def source_hashes(self) -> dict[str, str]:
-        return {path: hashlib.sha256(text.encode()).hexdigest() for path, text in self.sources().items()}
+    def source_hashes(self, method: HashMethod = "code") -> dict[str, str]:
+        """sha256 of each source: of its code (source_code_hash) or, as result files before schema 3's code hashes
+        recorded them, of its text."""
+        hash_of = source_code_hash if method == "code" else _text_hash
+        return {path: hash_of(path, text) for path, text in self.sources().items()}
 
     def runs_on(self, device_type: str) -> bool:
         return device_type in self.spec.devices

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from harness.correctness import OutputCheck
 from harness.provenance import REPO_ROOT, Provenance
+from harness.registry import HashMethod
 from harness.status import Status
 from harness.timing import TimingStats
 from harness.workloads import default_suite
@@ -123,6 +124,8 @@ class SolutionRecord(BaseModel):
     entry_point: str
     destination_passing_style: bool
     source_sha256: dict[str, str]
+    # what source_sha256 hashes (registry.Solution.source_hashes): files before code hashes hashed the text
+    source_hash_method: HashMethod = "text"
 
 
 class BenchConfig(BaseModel):

@@ -291,7 +291,8 @@ def solution_record(solution: Solution) -> SolutionRecord:
         language=spec.language,
         entry_point=spec.entry_point,
         destination_passing_style=spec.destination_passing_style,
-        source_sha256=solution.source_hashes(),
+        source_sha256=solution.source_hashes("code"),
+        source_hash_method="code",
     )
 
 
