@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 from benchmarks.sweep_triton_fused import gpu_time_us
-from harness.problem import INPUTS, OUTPUTS, Dims
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs
+from reference.problem import INPUTS, OUTPUTS, Dims
 
 # The harness bench's defaults (harness/cli.py).
 TIMING = TimingConfig(max_calls=300, target_rel_stderr=0.01)

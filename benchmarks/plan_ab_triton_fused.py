@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 
 from benchmarks.sweep_triton_fused import gpu_time_us
-from harness.problem import INPUTS, OUTPUTS
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
 from harness.workloads import load_named_suite
 from reference import generate_inputs
+from reference.problem import INPUTS, OUTPUTS
 
 
 def parse_variant(text: str, module) -> tuple[str, dict]:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from harness.problem import OUTPUTS, Dims
 from harness.registry import get_solution
 from harness.timing import TimingConfig, time_device
 from reference import generate_inputs
+from reference.problem import OUTPUTS, Dims
 
 TOKENS = (64, 128, 256, 336, 512, 2048)
 BATCH = 4096

@@ -36,13 +36,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.plan_ab_triton_fused import parse_variant, variant_plans
-from harness.problem import INPUTS, Dims
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
 from harness.timing import SPIN_CYCLES_PER_SECOND, L2Flusher
 from harness.workloads import load_named_suite
 from reference import generate_inputs
+from reference.problem import INPUTS, Dims
 
 WARMUP_CALLS = 3
 HEAD_START_SECONDS = 5e-3  # the GPU spin ahead of the profiled call: longer than the host needs to issue it

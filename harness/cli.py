@@ -14,7 +14,6 @@ from rich.table import Table
 
 from harness import compare as comparing
 from harness import provenance
-from harness.problem import FFN_DIM, HIDDEN_DIM
 from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution, scan
 from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, find_results, result_path, save
 from harness.status import Status
@@ -28,6 +27,7 @@ from harness.workloads import (
     load_suite,
     needs_gpu,
 )
+from reference.problem import FFN_DIM, HIDDEN_DIM
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark harness for the MoE expert SwiGLU backward.")
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.

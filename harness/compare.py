@@ -14,9 +14,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from harness.results import ResultsError, find_results, load_result
+from harness.results import BASELINE_SOLUTION, ResultsError, find_results, load_result
 from harness.roofline import sol_score
-from harness.runner import BASELINE_SOLUTION
 from harness.status import Status
 
 

@@ -8,22 +8,11 @@ when it has the declared shape, dtype and a contiguous layout, holds no NaN/Inf,
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel
 
-from harness.problem import TensorSpec
+from harness.results import OutputCheck
 from harness.status import Status
 from harness.workloads import Tolerance
-
-
-class OutputCheck(BaseModel):
-    name: str
-    status: Status
-    message: str = ""
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
-    matched_ratio: float | None = None
-    has_nan: bool = False
-    has_inf: bool = False
+from reference.problem import TensorSpec
 
 
 def check_output(

@@ -15,7 +15,6 @@ from pydantic import BaseModel, Field
 
 from harness import __version__
 from harness.compare import load_frame, summary
-from harness.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, MODEL, NAME, PUBLIC_ALIAS
 from harness.provenance import REPO_ROOT
 from harness.registry import Solution
 from harness.results import BenchResult, WorkloadResult
@@ -35,10 +34,11 @@ from harness.solexecbench import (
 from harness.status import Status
 from harness.timing import TimingStats
 from harness.workloads import Suite
+from reference.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, MODEL, NAME, PUBLIC_ALIAS
 
 # The files that define the problem, bundled into the one self-contained reference source of the
 # SOL-ExecBench definition, in dependency order.
-REFERENCE_MODULES = ("harness/problem.py", "reference/inputs.py", "reference/moe_backward.py")
+REFERENCE_MODULES = ("reference/problem.py", "reference/inputs.py", "reference/moe_backward.py")
 # The public evaluator calls run() with the inputs by name, and custom_inputs(axes, device) without a seed, so every
 # correctness round of its sees the same input set.
 REFERENCE_ENTRY_POINTS = '''

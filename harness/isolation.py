@@ -33,8 +33,8 @@ from pydantic import ValidationError
 
 from harness import provenance
 from harness.registry import get_solution
-from harness.results import BenchResult, WorkloadResult
-from harness.runner import BASELINE_SOLUTION, Baseline, BenchOptions, Scorer, bench_config, solution_record
+from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
+from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
 from harness.workloads import Suite, Workload
 

@@ -3,7 +3,7 @@
 Each folder holds `solution.yaml` (who and what it is, where it can run, its entry point) and its
 sources. The entry point is `file.py::function`. In destination-passing style (the default) the
 harness calls `function(*inputs, *outputs)` with the 12 inputs and 5 preallocated outputs in the
-order of harness.problem and the function writes the outputs in place; otherwise it calls
+order of reference.problem and the function writes the outputs in place; otherwise it calls
 `function(*inputs)` and takes the 5 returned tensors.
 """
 

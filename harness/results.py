@@ -5,25 +5,87 @@ Calibration files (`results/<device>/calibration.json`) hold the ceilings measur
 
 from __future__ import annotations
 
+import math
+import statistics
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from harness.correctness import OutputCheck
 from harness.provenance import REPO_ROOT, Provenance
 from harness.registry import HashMethod
 from harness.status import Status
-from harness.timing import TimingStats
 from harness.workloads import default_suite
 
 RESULTS_DIR = REPO_ROOT / "results"
 SCHEMA_VERSION = 3  # 3: call latency (the headline), device time and host cost apart
 CALIBRATION_FILE = "calibration.json"
+# The solution whose latency on a workload is T_b, the baseline of the SOL score.
+BASELINE_SOLUTION = "reference_fp32"
+
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; the normal 1.96 beyond.
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t95(degrees_of_freedom: int) -> float:
+    return _T95[degrees_of_freedom - 1] if degrees_of_freedom <= len(_T95) else 1.96
+
+
+class TimingStats(BaseModel):
+    clock: Literal["cuda_events", "cpu_wall", "host_wall"]
+    mean_us: float
+    median_us: float
+    std_us: float
+    min_us: float
+    max_us: float
+    n: int
+    ci95_low_us: float
+    ci95_high_us: float
+    rel_stderr: float
+    warmup_calls: int
+    input_sets: int = Field(description="distinct input sets the calls rotated over; 0: every call had fresh addresses")
+
+    @classmethod
+    def from_samples(cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int) -> TimingStats:
+        n = len(samples_us)
+        mean = statistics.fmean(samples_us)
+        std = statistics.stdev(samples_us) if n > 1 else 0.0
+        stderr = std / math.sqrt(n)
+        half_width = t95(n - 1) * stderr if n > 1 else 0.0
+        return cls(
+            clock=clock,
+            mean_us=mean,
+            median_us=statistics.median(samples_us),
+            std_us=std,
+            min_us=min(samples_us),
+            max_us=max(samples_us),
+            n=n,
+            ci95_low_us=mean - half_width,
+            ci95_high_us=mean + half_width,
+            rel_stderr=stderr / mean if mean > 0 else 0.0,
+            warmup_calls=warmup_calls,
+            input_sets=input_sets,
+        )
 
 
 class ResultsError(ValueError):
     """A results or calibration file that cannot be read; the message names the file and the problem."""
+
+
+class OutputCheck(BaseModel):
+    name: str
+    status: Status
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    matched_ratio: float | None = None
+    has_nan: bool = False
+    has_inf: bool = False
 
 
 class TrialReport(BaseModel):

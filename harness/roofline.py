@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.problem import Dims, bytes_moved, flops
+from reference.problem import Dims, bytes_moved, flops
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,14 @@ import torch
 
 from harness import guards, provenance
 from harness.attribution import profile_kernels
-from harness.correctness import OutputCheck, check_output
-from harness.problem import OUTPUTS, Dims, bytes_moved, flops
+from harness.correctness import check_output
 from harness.registry import Solution
 from harness.results import (
+    BASELINE_SOLUTION,
     BenchConfig,
     BenchResult,
     GraphTiming,
+    OutputCheck,
     ResultsError,
     SolutionRecord,
     TimedChecks,
@@ -51,8 +52,7 @@ from harness.status import Status, worst
 from harness.timing import FreshAddresses, TimingConfig, TimingStats, capture_graph, time_call_latency, time_device
 from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
-
-BASELINE_SOLUTION = "reference_fp32"
+from reference.problem import OUTPUTS, Dims, bytes_moved, flops
 
 
 @dataclass
@@ -179,6 +179,73 @@ class LateWorkWatch:
         return self.sightings >= 2
 
 
+@dataclass
+class CallEvidence:
+    """What one guarded call left behind, for the reward-hack checks."""
+
+    inputs: dict[str, torch.Tensor]
+    snapshot: dict[str, torch.Tensor]  # the inputs as they were before the call
+    produced: list[object]
+    threads: list[str]  # threads still running the solution's code after it returned
+    patched: list[str]  # watched functions replaced
+    late: bool  # GPU work ran well after the call's stream finished (LATE_WORK_SHARE, LATE_WORK_MIN_MS)
+    late_ms: float
+    own_ms: float
+    late_sightings: int
+    changed_settings: list[str]
+
+
+def threads_still_running(e: CallEvidence) -> str:
+    return f"threads still running the solution's code after it returned: {', '.join(e.threads)}" if e.threads else ""
+
+
+def patched_functions(e: CallEvidence) -> str:
+    return f"{PATCHED_FUNCTIONS}: {', '.join(e.patched)}" if e.patched else ""
+
+
+def late_gpu_work(e: CallEvidence) -> str:
+    if not e.late:
+        return ""
+    return (f"GPU work ran {e.late_ms:.3f} ms after the call returned (the call's stream took {e.own_ms:.3f} ms), seen on "
+            f"{e.late_sightings} calls of this workload: work left on another stream is outside the timed window")  # fmt: skip
+
+
+def changed_settings(e: CallEvidence) -> str:
+    return f"{CHANGED_SETTINGS}: {', '.join(e.changed_settings)}" if e.changed_settings else ""
+
+
+def modified_inputs(e: CallEvidence) -> str:
+    mutated = guards.mutated_inputs(e.snapshot, e.inputs)
+    return f"modified inputs: {', '.join(mutated)}" if mutated else ""
+
+
+def subclass_outputs(e: CallEvidence) -> str:
+    subclasses = guards.not_plain_tensors(e.produced)
+    return f"outputs are tensor subclasses, not plain torch.Tensor: {', '.join(subclasses)}" if subclasses else ""
+
+
+def aliased_outputs(e: CallEvidence) -> str:
+    for spec, out in zip(OUTPUTS, e.produced):
+        aliased = guards.aliased_inputs(out, e.inputs) if isinstance(out, torch.Tensor) else []
+        if aliased:
+            return f"output {spec.name} aliases input {', '.join(aliased)}"
+    return ""
+
+
+# The reward-hack checks of one call, in the order they are judged (the first that finds something is the verdict,
+# REWARD_HACK; the outputs are checked against the reference only after all pass). A new check is a function of the
+# CallEvidence that returns what it found, or "", added here.
+REWARD_HACK_CHECKS: tuple[Callable[[CallEvidence], str], ...] = (
+    threads_still_running,
+    patched_functions,
+    late_gpu_work,
+    changed_settings,
+    modified_inputs,
+    subclass_outputs,
+    aliased_outputs,
+)
+
+
 def check_call(
     call: SolutionCaller,
     workload: Workload,
@@ -230,30 +297,13 @@ def check_call(
         guards.restore_numeric_settings(settings)
         return verdict(Status.RUNTIME_ERROR, _describe_exception(exc))
 
-    changed = guards.changed_settings(settings)
+    evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
+                            late_work.sightings, guards.changed_settings(settings))  # fmt: skip
     guards.restore_numeric_settings(settings)
-    if still_running:
-        return verdict(Status.REWARD_HACK, f"threads still running the solution's code after it returned: {', '.join(still_running)}")
-    if patched:
-        return verdict(Status.REWARD_HACK, f"{PATCHED_FUNCTIONS}: {', '.join(patched)}")
-    if late(late_ms, own_ms):
-        return verdict(
-            Status.REWARD_HACK,
-            f"GPU work ran {late_ms:.3f} ms after the call returned (the call's stream took {own_ms:.3f} ms), seen on "
-            f"{late_work.sightings} calls of this workload: work left on another stream is outside the timed window",
-        )
-    if changed:
-        return verdict(Status.REWARD_HACK, f"{CHANGED_SETTINGS}: {', '.join(changed)}")
-    mutated = guards.mutated_inputs(snapshot, inputs)
-    if mutated:
-        return verdict(Status.REWARD_HACK, f"modified inputs: {', '.join(mutated)}")
-    subclasses = guards.not_plain_tensors(produced)
-    if subclasses:
-        return verdict(Status.REWARD_HACK, f"outputs are tensor subclasses, not plain torch.Tensor: {', '.join(subclasses)}")
-    for spec, out in zip(OUTPUTS, produced):
-        aliased = guards.aliased_inputs(out, inputs) if isinstance(out, torch.Tensor) else []
-        if aliased:
-            return verdict(Status.REWARD_HACK, f"output {spec.name} aliases input {', '.join(aliased)}")
+    for check in REWARD_HACK_CHECKS:
+        found = check(evidence)
+        if found:
+            return verdict(Status.REWARD_HACK, found)
     checks, status, message = check_outputs(workload, produced, compute_reference(snapshot))
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 

@@ -14,8 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, INPUTS, OUTPUTS, PUBLIC_ALIAS
 from harness.workloads import ManifestError, Suite, Workload
+from reference.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, INPUTS, OUTPUTS, PUBLIC_ALIAS
 
 DEFAULT_MATCHED_RATIO = 0.99
 DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float32": "float32", "torch.float16": "float16", "torch.int64": "int64"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.problem import FFN_DIM, HIDDEN_DIM, Dims
+from reference.problem import FFN_DIM, HIDDEN_DIM, Dims
 
 WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "workloads"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.problem import INPUTS, Dims
+from reference.problem import INPUTS, Dims
 
 
 class InvalidInputsError(ValueError):
@@ -75,7 +75,7 @@ def fill_inputs(inputs: dict[str, torch.Tensor], dims: Dims, seed: int) -> dict[
 
 
 def generate_inputs(dims: Dims, seed: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Draw one input set into new tensors; keys in the calling order of harness.problem.INPUTS."""
+    """Draw one input set into new tensors; keys in the calling order of reference.problem.INPUTS."""
     inputs = fill_inputs(allocate_inputs(dims, device), dims, seed)
     validate_token_indices(inputs["token_indices"], dims.batch_seq_len)
     return inputs

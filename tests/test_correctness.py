@@ -9,12 +9,12 @@ import torch
 
 from harness import runner
 from harness.correctness import check_output
-from harness.problem import OUTPUTS
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions, LateWorkWatch, check_call
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import Tolerance, load_named_suite
+from reference.problem import OUTPUTS
 
 SMOKE = load_named_suite("smoke")
 WORKLOAD = SMOKE.workloads[4]  # B=197, T=67: some rows unselected

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.problem import Dims
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs
+from reference.problem import Dims
 
 pytestmark = pytest.mark.gpu
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.problem import INPUTS, Dims
 from reference import InvalidInputsError, generate_inputs, validate_token_indices
+from reference.problem import INPUTS, Dims
 
 DIMS = Dims(batch_seq_len=50, num_tokens=13, hidden_dim=32, ffn_dim=48)
 

@@ -8,10 +8,10 @@ import torch
 
 from harness import provenance
 from harness.registry import get_solution
-from harness.results import ResultsError, load_result, result_path, save
+from harness.results import ResultsError, TimingStats, load_result, result_path, save
 from harness.runner import Baseline, Bench, BenchOptions, Scorer
 from harness.status import Status
-from harness.timing import TimingConfig, TimingStats
+from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 
 

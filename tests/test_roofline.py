@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.problem import Dims, bytes_moved, flops
 from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
 from harness.workloads import load_named_suite
+from reference.problem import Dims, bytes_moved, flops
 
 H200 = datasheet_peaks("NVIDIA H200")
 H, F = 4096, 14336

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.problem import OUTPUTS, Dims
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs, reference_backward_fp32
+from reference.problem import OUTPUTS, Dims
 from tests.conftest import INTERPRETED
 
 pytest.importorskip("triton")
