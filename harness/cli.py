@@ -157,12 +157,16 @@ def bench(
     run_timeout: Annotated[float, typer.Option(help="seconds for one workload (trials and timing) before TIMEOUT")] = 600.0,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="also time the call captured in a CUDA graph and replayed")] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="also profile single calls and print their kernels")] = False,
+    gpus: Annotated[str, typer.Option(help="devices to spread the jobs over: a number or 'all' (on a CPU: worker processes)")] = "1",
+    backend: Annotated[str, typer.Option(help="local (a worker per device) or ray (a Ray task per job)")] = "local",
+    ray_address: Annotated[Optional[str], typer.Option(help="with --backend ray: the cluster to join; default a local one")] = None,
 ) -> None:
     """Check solutions against the float32 reference and time them on every workload of a suite.
 
     Several solutions run side by side, interleaved per workload; each gets its own result file.
     """
     from harness.isolation import Timeouts, run_isolated
+    from harness.parallel import device_slots, run_local, run_ray
     from harness.runner import Bench, BenchOptions, Scorer, run_side_by_side
 
     dev = pick_device(device)
@@ -189,7 +193,12 @@ def bench(
         )
         benches = [] if isolation else [Bench(sol, dev, options, results_dir) for sol in solutions]
         scorer = Scorer(dev, results_dir)
-    except USER_ERRORS as exc:
+        if backend not in ("local", "ray"):
+            fail(f"--backend must be local or ray, got '{backend}'")
+        devices = device_slots(gpus, dev.type)
+        if (len(devices) > 1 or backend == "ray") and not isolation:
+            fail("--gpus and --backend ray run every job in a worker of its own: not with --no-isolation")
+    except (*USER_ERRORS, ValueError) as exc:
         fail(_message(exc))
     if kernels and dev.type != "cuda":
         console.print("[yellow]--kernels profiles GPU activity: skipped on the CPU.[/yellow]")
@@ -206,10 +215,21 @@ def bench(
         def advance(name: str, result: WorkloadResult) -> None:
             progress.update(task, advance=1, description=f"{name}: #{result.index} {result.status.value}")
 
-        if isolation:
+        timeouts = Timeouts(compile_s=compile_timeout, run_s=run_timeout)
+        names = [sol.name for sol in solutions]
+        if backend == "ray":
+            try:
+                by_name = run_ray(names, solutions_dir, dev.type, options, results_dir, chosen_suite, chosen, timeouts, scorer,
+                                  ray_address, advance)  # fmt: skip
+            except ValueError as exc:
+                fail(str(exc))
+            results = list(by_name.values())
+        elif len(devices) > 1:
+            by_name = run_local(names, solutions_dir, devices, options, results_dir, chosen_suite, chosen, timeouts, scorer, advance)
+            results = list(by_name.values())
+        elif isolation:
             by_name = run_isolated(
-                [sol.name for sol in solutions], solutions_dir, str(dev), options, results_dir, chosen_suite, chosen,
-                Timeouts(compile_s=compile_timeout, run_s=run_timeout), scorer, advance,
+                names, solutions_dir, str(dev), options, results_dir, chosen_suite, chosen, timeouts, scorer, advance,
             )  # fmt: skip
             results = list(by_name.values())
         else:

@@ -50,8 +50,19 @@ class Timeouts:
 class Worker:
     """The parent's handle on one solution's worker process."""
 
-    def __init__(self, solution: str, solutions_dir: Path, device: str, options: BenchOptions, results_dir: Path, suite: Suite, timeouts: Timeouts):
+    def __init__(
+        self,
+        solution: str,
+        solutions_dir: Path,
+        device: str,
+        options: BenchOptions,
+        results_dir: Path,
+        suite: Suite,
+        timeouts: Timeouts,
+        visible_gpu: str | None = None,  # the one GPU the worker sees (CUDA_VISIBLE_DEVICES), as its "cuda"
+    ):
         self.solution = solution
+        self.visible_gpu = visible_gpu
         self.setup = {
             "solution": solution,
             "solutions_dir": str(solutions_dir),
@@ -74,6 +85,8 @@ class Worker:
         command_read, command_write = os.pipe()
         result_read, result_write = os.pipe()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.visible_gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_gpu
         with open(self.log, "a") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "harness.worker", str(command_read), str(result_write)],

@@ -50,10 +50,17 @@ def device_slug(device: torch.device) -> str:
     return re.sub(r"[^a-z0-9]+", "-", device_name(device).lower()).strip("-")
 
 
-def _nvidia_smi(*fields: str) -> list[str] | None:
+def _gpu_id(device: torch.device) -> str:
+    """nvidia-smi's name for the device: its UUID, which CUDA_VISIBLE_DEVICES (set per worker by a scheduler) does not
+    renumber; the first GPU where torch gives no UUID."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return f"GPU-{uuid}" if uuid else "0"
+
+
+def _nvidia_smi(device: torch.device, *fields: str) -> list[str] | None:
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-i", "0"],
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-i", _gpu_id(device)],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
@@ -65,7 +72,7 @@ def _nvidia_smi(*fields: str) -> list[str] | None:
 def read_clocks(device: torch.device) -> Clocks:
     if device.type != "cuda":
         return Clocks()
-    values = _nvidia_smi("clocks.sm", "clocks.mem")
+    values = _nvidia_smi(device, "clocks.sm", "clocks.mem")
     if values is None:
         return Clocks()
     return Clocks(**{key: int(v) if v.isdigit() else None for key, v in zip(("sm_mhz", "memory_mhz"), values)})
@@ -105,7 +112,7 @@ def collect(device: torch.device, clocks_before: Clocks) -> Provenance:
     driver = None
     sm_count = None
     if device.type == "cuda":
-        values = _nvidia_smi("driver_version")
+        values = _nvidia_smi(device, "driver_version")
         driver = values[0] if values else None
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     return Provenance(

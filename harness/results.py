@@ -149,6 +149,7 @@ class WorkloadResult(BaseModel):
     device_time: TimingStats | None = Field(default=None, description="the GPU's queue kept full")
     host: TimingStats | None = Field(default=None, description="the solution's own host time to issue one call")
     flags: list[Flag] = []
+    device_index: int | None = Field(default=None, description="the GPU (or CPU worker) of a run over several: --gpus")
     timed_checks: TimedChecks | None = None
     cuda_graph: GraphTiming | None = None
     kernels: KernelProfile | None = None
@@ -211,6 +212,9 @@ class BenchResult(BaseModel):
     calibration_source: str | None = None
     duration_s: float = Field(description="this solution's own seconds: loading it and its workloads")
     workloads: list[WorkloadResult]
+    # a run over several devices (--gpus, --backend ray): each device's provenance, clocks before and after included;
+    # `provenance` is the first's
+    devices: list[Provenance] = []
 
     @field_validator("schema_version")
     @classmethod

@@ -1,0 +1,264 @@
+"""Benches spread over several devices: a queue of (solution, workload) jobs run by workers of one device each.
+
+- **local** (`harness bench --gpus N|all`): one thread per device slot (a GPU, or on a CPU machine a CPU process),
+  each driving isolated worker processes (harness.isolation.Worker), one per solution it has met, bound to its
+  device. A slot takes the next job from the queue when its last one is done, so the slots stay busy until the
+  queue is empty. A worker that dies or hangs costs its job (RUNTIME_ERROR, TIMEOUT) and a fresh one takes the
+  slot's next job of that solution.
+- **ray** (`--backend ray`): each job a Ray task of one GPU (of one CPU on a CPU machine) in a process of its own,
+  on the cluster that `ray.init(address)` joins, or a local one; Ray schedules them. A task that crashes or runs
+  past the timeout costs its job.
+
+Each workload of a solution is measured whole (trials and timings) on one device, recorded in its result
+(`device_index`), and every device's provenance, its clocks before and after included, is in the result file
+(`devices`). The results merge into the same files as a one-device run, in suite order; T_b comes from the
+baseline's results of the same run (or its committed file), filled in once every job is done, since the
+baseline's job for a workload may finish after another solution's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from harness import provenance
+from harness.isolation import Timeouts, Worker
+from harness.registry import get_solution
+from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
+from harness.runner import Baseline, Bench, BenchOptions, Scorer, bench_config, solution_record
+from harness.status import Status
+from harness.timing import TimingConfig
+from harness.workloads import Suite, Workload
+
+
+@dataclass(frozen=True)
+class Job:
+    solution: str
+    workload: Workload
+    index: int  # the workload's index in the suite
+
+
+def jobs_for(solutions: list[str], suite: Suite, workloads: list[Workload]) -> list[Job]:
+    """Every (solution, workload), the baseline's first, so that its T_b is known before most others start."""
+    ordered = sorted(solutions, key=lambda name: name != BASELINE_SOLUTION)
+    return [Job(name, w, suite.workloads.index(w)) for name in ordered for w in workloads]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One device of a local run: its workers see only `visible_gpu` (CUDA_VISIBLE_DEVICES), as their "cuda"."""
+
+    device: str  # "cuda" or "cpu"
+    visible_gpu: str | None = None
+
+
+def device_slots(requested: str, device_type: str) -> list[Slot]:
+    """The devices to spread jobs over: `requested` GPUs ("all" or a count) on CUDA, that many CPU processes on a CPU.
+    GPU i is the i-th that this process sees (the i-th of CUDA_VISIBLE_DEVICES where that is set)."""
+    available = torch.cuda.device_count() if device_type == "cuda" else None
+    if requested == "all":
+        if available is None:
+            raise ValueError("--gpus all needs CUDA GPUs; on a CPU give a number of worker processes")
+        count = available
+    elif requested.isdigit() and int(requested) >= 1:
+        count = int(requested)
+    else:
+        raise ValueError(f"--gpus must be 'all' or a number of at least 1, not '{requested}'")
+    if available is not None and count > available:
+        raise ValueError(f"--gpus {count} asks for more GPUs than the {available} torch sees")
+    if device_type != "cuda":
+        return [Slot("cpu")] * count
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in visible.split(",")] if visible else [str(i) for i in range(count)]
+    return [Slot("cuda", ids[i]) for i in range(count)]
+
+
+def run_local(
+    solutions: list[str],
+    solutions_dir: Path,
+    devices: list[Slot],
+    options: BenchOptions,
+    results_dir: Path,
+    suite: Suite,
+    workloads: list[Workload],
+    timeouts: Timeouts,
+    scorer: Scorer,
+    on_done: Callable[[str, WorkloadResult], None] = lambda solution, result: None,
+) -> dict[str, BenchResult]:
+    """The jobs on one worker thread per device slot (see the module's docstring)."""
+    jobs: queue.Queue[Job] = queue.Queue()
+    for job in jobs_for(solutions, suite, workloads):
+        jobs.put(job)
+    done: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
+    summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
+    busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
+    baseline = scorer.baseline_from_file()
+    lock = threading.Lock()
+
+    def slot(index: int, device: Slot) -> None:
+        workers: dict[str, Worker] = {}
+        while True:
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                break
+            worker = workers.get(job.solution)
+            if worker is None:
+                worker = workers[job.solution] = Worker(
+                    job.solution, solutions_dir, device.device, options, results_dir, suite, timeouts, device.visible_gpu
+                )
+                worker.start()
+            with lock:
+                known = baseline.get(job.workload.uuid)
+            result = worker.workload(job.workload, job.index, known, scorer.for_solution(job.solution))
+            result.device_index = index
+            with lock:
+                done[job.solution].append(result)
+                if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
+                    baseline[job.workload.uuid] = Baseline.of(result)
+                on_done(job.solution, result)
+        for name, worker in workers.items():
+            summary = worker.finish()
+            with lock:
+                busy[name] += worker.busy_seconds
+                if summary is not None:
+                    summaries[name].append(summary)
+            worker.log.unlink(missing_ok=True)
+
+    threads = [threading.Thread(target=slot, args=(i, device), daemon=True) for i, device in enumerate(devices)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return merge(solutions, solutions_dir, suite, options, scorer, done, summaries, busy, baseline)
+
+
+def merge(
+    solutions: list[str],
+    solutions_dir: Path,
+    suite: Suite,
+    options: BenchOptions,
+    scorer: Scorer,
+    done: dict[str, list[WorkloadResult]],
+    summaries: dict[str, list[BenchResult]],
+    busy: dict[str, float],
+    baseline: dict[str, Baseline],
+) -> dict[str, BenchResult]:
+    """One BenchResult per solution, as a one-device run writes it: workloads in suite order, T_b from the baseline
+    of this run (or its file) and the verdicts re-derived, every device's provenance beside the first's."""
+    merged = {}
+    for name in solutions:
+        own = sorted(summaries[name], key=lambda s: s.provenance.timestamp)
+        result = own[0] if own else BenchResult(
+            solution=solution_record(get_solution(name, solutions_dir)),
+            config=bench_config(suite, options),
+            provenance=provenance.collect(scorer.device, provenance.Clocks()),
+            duration_s=0.0,
+            workloads=[],
+        )  # fmt: skip
+        rescore = scorer.for_solution(name).rescore
+        workloads = sorted(done[name], key=lambda w: w.index)
+        for w in workloads:
+            known = baseline.get(w.uuid)
+            if known is not None and name != BASELINE_SOLUTION:
+                w.baseline_us, w.device_baseline_us = known.latency_us, known.device_us
+            rescore(w)
+        result.workloads = workloads
+        result.devices = [s.provenance for s in own]
+        result.duration_s = busy[name]
+        merged[name] = result
+    return merged
+
+
+# -- Ray --------------------------------------------------------------------------------------------------------
+
+
+def run_one_job(setup: dict, uuid: str) -> str:
+    """One job in the calling process (a Ray task's): the solution loaded, the workload measured, the summary with its
+    one result as JSON."""
+    suite = Suite.model_validate(setup["suite"])
+    raw = setup["options"]
+    options = BenchOptions(**{**raw, "timing": TimingConfig(**raw["timing"])})
+    solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
+    bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
+    bench.start()
+    workload = next(w for w in suite.workloads if w.uuid == uuid)
+    result = bench.workload(suite, workload)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if setup["device"] == "cuda" else ""
+    result.device_index = int(visible.split(",")[0]) if visible.split(",")[0].isdigit() else None  # Ray's GPU for the task
+    return bench.finish(suite, [result]).model_dump_json()
+
+
+def run_ray(
+    solutions: list[str],
+    solutions_dir: Path,
+    device_type: str,
+    options: BenchOptions,
+    results_dir: Path,
+    suite: Suite,
+    workloads: list[Workload],
+    timeouts: Timeouts,
+    scorer: Scorer,
+    address: str | None = None,
+    on_done: Callable[[str, WorkloadResult], None] = lambda solution, result: None,
+) -> dict[str, BenchResult]:
+    """The jobs as Ray tasks of one GPU each (one CPU each on a CPU machine), each in a fresh process."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--backend ray needs Ray: pip install 'moe-bench[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    gpus = 1 if device_type == "cuda" else 0
+    task = ray.remote(num_gpus=gpus, num_cpus=1, max_calls=1, max_retries=0)(run_one_job)
+    baseline = scorer.baseline_from_file()
+    done: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
+    summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
+    busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
+    # As many tasks in flight as the cluster has devices for, so that each one's clock starts when it can run.
+    slots = max(1, int(ray.cluster_resources().get("GPU" if gpus else "CPU", 1)))
+    waiting = jobs_for(solutions, suite, workloads)
+    pending: dict[object, tuple[Job, float]] = {}
+    limit = timeouts.compile_s + timeouts.run_s
+    while waiting or pending:
+        while waiting and len(pending) < slots:
+            job = waiting.pop(0)
+            setup = {
+                "solution": job.solution, "solutions_dir": str(solutions_dir), "device": device_type,
+                "options": asdict(options), "results_dir": str(results_dir), "suite": suite.model_dump(mode="json"),
+            }  # fmt: skip
+            pending[task.remote(setup, job.workload.uuid)] = (job, time.perf_counter())
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+        now = time.perf_counter()
+        for ref in ready or [r for r, (_, started) in pending.items() if now - started > limit]:
+            job = pending.pop(ref)[0]
+            result = _ray_result(ray, ref, job, scorer, limit, ready)
+            if isinstance(result, BenchResult):
+                summaries[job.solution].append(result)
+                busy[job.solution] += result.duration_s
+                result = result.workloads[0]
+            done[job.solution].append(result)
+            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
+                baseline[job.workload.uuid] = Baseline.of(result)
+            on_done(job.solution, result)
+    return merge(solutions, solutions_dir, suite, options, scorer, done, summaries, busy, baseline)
+
+
+def _ray_result(ray, ref, job: Job, scorer: Scorer, limit: float, ready: list) -> BenchResult | WorkloadResult:
+    """The task's summary, or the workload's TIMEOUT or RUNTIME_ERROR where the task ran too long or failed."""
+    base = scorer.for_solution(job.solution).base
+    if ref not in ready:
+        ray.cancel(ref, force=True)
+        return base(job.workload, job.index, Status.TIMEOUT, f"no answer within {limit:.0f} s")
+    try:
+        return BenchResult.model_validate(json.loads(ray.get(ref)))
+    except Exception as exc:  # noqa: BLE001 - a task that crashed, however it crashed, costs its job
+        return base(job.workload, job.index, Status.RUNTIME_ERROR, f"the Ray task failed: {type(exc).__name__}: {str(exc)[:500]}")

@@ -1,0 +1,89 @@
+"""Benches over several devices (harness/parallel.py): the sharding into jobs, the slots, and results identical to a
+one-worker run's apart from timings and provenance, on CPU workers (local processes, or a local Ray instance)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.isolation import Timeouts, run_isolated
+from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
+from harness.registry import SOLUTIONS_DIR
+from harness.runner import BenchOptions, Scorer
+from harness.timing import TimingConfig
+from harness.workloads import load_named_suite
+
+SMOKE = load_named_suite("smoke")
+OPTIONS = BenchOptions(trials=2, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
+SOLUTIONS = ["torch_eager", "reference_fp32"]
+CPU = torch.device("cpu")
+
+
+def test_jobs_put_the_baseline_first() -> None:
+    jobs = jobs_for(SOLUTIONS, SMOKE, SMOKE.workloads[:3])
+    assert [(j.solution, j.index) for j in jobs] == [("reference_fp32", i) for i in range(3)] + [("torch_eager", i) for i in range(3)]
+
+
+def test_slots(monkeypatch) -> None:
+    assert device_slots("2", "cpu") == [Slot("cpu"), Slot("cpu")]
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match="'all' or a number"):
+            device_slots(bad, "cpu")
+    with pytest.raises(ValueError, match="needs CUDA GPUs"):
+        device_slots("all", "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    assert device_slots("2", "cuda") == [Slot("cuda", "3"), Slot("cuda", "5")]
+    assert len(device_slots("all", "cuda")) == 4
+    with pytest.raises(ValueError, match="more GPUs than the 4"):
+        device_slots("5", "cuda")
+
+
+def verdicts(result) -> list[tuple]:
+    """What a run decided, without its timings and provenance: per workload its status and its trials' seeds,
+    statuses and output verdicts."""
+    return [
+        (w.uuid, w.index, w.status, [(t.seed, t.status, [(o.name, o.status) for o in t.outputs]) for t in w.trials])
+        for w in result.workloads
+    ]
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory):
+    results = tmp_path_factory.mktemp("one")
+    return run_isolated(SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, results, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, results))
+
+
+def check_same_as_one_worker(merged, one_worker, devices: int) -> None:
+    for name in SOLUTIONS:
+        assert verdicts(merged[name]) == verdicts(one_worker[name])
+        assert len(merged[name].devices) <= devices and merged[name].devices
+    baseline = {w.uuid: w.latency_us for w in merged["reference_fp32"].workloads}
+    assert all(w.baseline_us == baseline[w.uuid] for w in merged["torch_eager"].workloads)
+
+
+def test_two_local_workers_decide_as_one(tmp_path: Path, one_worker) -> None:
+    merged = run_local(SOLUTIONS, SOLUTIONS_DIR, [Slot("cpu"), Slot("cpu")], OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3],
+                       Timeouts(), Scorer(CPU, tmp_path))  # fmt: skip
+    check_same_as_one_worker(merged, one_worker, 2)
+    assert {w.device_index for name in SOLUTIONS for w in merged[name].workloads} <= {0, 1}
+
+
+def test_ray_tasks_decide_as_one_worker(tmp_path: Path, one_worker) -> None:
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        merged = run_ray(SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, tmp_path))
+    finally:
+        ray.shutdown()
+    check_same_as_one_worker(merged, one_worker, 6)
+
+
+def test_a_worker_that_dies_costs_only_its_job(tmp_path: Path) -> None:
+    adversaries = Path(__file__).resolve().parent / "adversarial" / "solutions"
+    merged = run_local(["crashes_mid_suite"], adversaries, [Slot("cpu"), Slot("cpu")], OPTIONS, tmp_path, SMOKE, SMOKE.workloads,
+                       Timeouts(), Scorer(CPU, tmp_path))  # fmt: skip
+    statuses = [(w.num_tokens, w.status.value) for w in merged["crashes_mid_suite"].workloads]
+    assert statuses == [(w.num_tokens, "RUNTIME_ERROR" if w.num_tokens == 17 else "PASSED") for w in SMOKE.workloads]
