@@ -29,7 +29,7 @@ from harness.workloads import (
 )
 from reference.problem import FFN_DIM, HIDDEN_DIM
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark harness for the MoE expert SwiGLU backward.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Benchmark harness for the MoE expert SwiGLU backward.")
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.
 console = Console(width=None if Console().is_terminal else 160)
 errors = Console(stderr=True, width=console.width)

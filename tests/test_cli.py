@@ -221,3 +221,8 @@ def test_readme_table_is_what_the_committed_results_generate() -> None:
     table = readme[readme.index(marker) + len(marker) : readme.index("\n<!-- end of the generated table -->")]
     generated = invoke("compare", "--device", "nvidia-h200", "--format", "markdown")
     assert generated.exit_code == 0 and generated.output.strip() == table.strip()
+
+
+def test_help_shows_flags_without_a_type() -> None:
+    result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--kernels" in result.output and "<bool>" not in result.output
