@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 SOLUTIONS_DIR = Path(__file__).resolve().parent.parent / "solutions"
 MANIFEST = "solution.yaml"
+# A solution folder's subfolder for its development tools, which are not part of the solution (Solution.sources).
+TOOLS_FOLDER = "tools"
 SOLUTIONS_PACKAGE = "harness_solutions"
 
 
@@ -108,12 +110,14 @@ class Solution:
         return self.spec.name
 
     def sources(self) -> dict[str, str]:
-        """Every source file of the folder (relative path -> text), caches and bytecode excluded."""
+        """Every source file of the folder (relative path -> text), caches and bytecode excluded, and the solution's own
+        tools (TOOLS_FOLDER: sweeps, A/Bs, timelines) too: they are not what is measured or submitted."""
         files = sorted(
             path
             for path in self.folder.rglob("*")
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".cu", ".md"}
-        )
+            if path.is_file() and path.suffix in {".py", ".yaml", ".cu", ".md"}
+            and not {"__pycache__", TOOLS_FOLDER} & set(path.relative_to(self.folder).parts)
+        )  # fmt: skip
         return {str(path.relative_to(self.folder)): path.read_text() for path in files}
 
     def source_hashes(self, method: HashMethod = "code") -> dict[str, str]:

@@ -19,7 +19,7 @@ source scripts/h200_env.sh
 log="$OUT/session.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$log"
-TRITON_CACHE_DIR=$(mktemp -d) python3 benchmarks/first_call_triton_fused.py 2>&1 | tee -a "$log"
+TRITON_CACHE_DIR=$(mktemp -d) python3 solutions/triton_fused/tools/first_call.py 2>&1 | tee -a "$log"
 python3 -m pytest -q -m gpu tests 2>&1 | tail -15 | tee -a "$log"
 python3 -m harness calibrate 2>&1 | tee -a "$log"
 start=$(date +%s)

@@ -1,7 +1,7 @@
 """Kernel timelines of triton_fused calls per public workload: which kernel ran on which stream, from when to when.
 GPU only.
 
-    PYTHONPATH=. python3 benchmarks/timeline_triton_fused.py [--workloads 5,15] [--calls 3] \
+    PYTHONPATH=. python3 solutions/triton_fused/tools/timeline.py [--workloads 5,15] [--calls 3] \
         [--variant 'v17 dh: dh_warp_specialized=None; dh_gathers_rows=True'] --out timeline.jsonl
 
 Stage times measured alone do not add up to the whole backward: stages on the two streams share the SMs, a kernel
@@ -15,11 +15,11 @@ records through torch.profiler, in microseconds from the call's first kernel; th
 stream the call was issued on (the solution's caller) and "side" for any other. Kernels of the same name are told
 apart by their launch grid. Each invocation appends a provenance header and then its rows to --out (JSON lines).
 
-Each workload's bucket plan is profiled, and each --variant of it (the syntax of benchmarks/plan_ab_triton_fused.py),
+Each workload's bucket plan is profiled, and each --variant of it (the syntax of plan_ab.py),
 --calls times each: the order in which two streams' kernels take the SMs can differ from call to call (at T = 296-496
 dh and grad_w2 are released by the same kernel; docs/performance.md, v18). A profiled call is not a timed one: at
 T = 128 the plan's profiled calls ended 3.5-5.7 us later than the timer's mean and a variant's 2.8-5.6 earlier, the
-opposite order to the timer's (v30). Rank plans by benchmarks/plan_ab_triton_fused.py; read a timeline for where the
+opposite order to the timer's (v30). Rank plans by plan_ab.py; read a timeline for where the
 time goes.
 """
 
@@ -33,9 +33,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+from plan_ab import parse_variant, variant_plans
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.plan_ab_triton_fused import parse_variant, variant_plans
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs

@@ -2,7 +2,7 @@
 product; check every candidate's output against a float32 torch computation of that stage; assemble the
 best tile per stage into a plan per T and time the whole backward with it. GPU only.
 
-    PYTHONPATH=. python3 benchmarks/sweep_triton_fused.py --out sweep.jsonl [--tokens 64 256] [--stages none]
+    PYTHONPATH=. python3 solutions/triton_fused/tools/sweep.py --out sweep.jsonl [--tokens 64 256] [--stages none]
 
 Times are means of the harness's own CUDA-event timer (harness.timing: L2 flushed before each call, a GPU
 spin ahead of each batch so the host's launch time stays outside the events), in microseconds.

@@ -1,7 +1,7 @@
 """First-call (compile) time of triton_fused per T bucket, against the next call, in a cold Triton cache,
 and the host's time to issue one warm call (its launches return before the GPU finishes).
 
-    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 benchmarks/first_call_triton_fused.py
+    TRITON_CACHE_DIR=$(mktemp -d) PYTHONPATH=. python3 solutions/triton_fused/tools/first_call.py
 
 Each bucket's first call compiles its kernels; the harness's correctness trials absorb it, so no timed
 call compiles (tests/test_triton_fused.py::test_each_bucket_compiles_once checks the caches).

@@ -1,6 +1,6 @@
 """Same-process A/B of triton_fused's whole backward: each workload's bucket plan against variants of it. GPU only.
 
-    PYTHONPATH=. python3 benchmarks/plan_ab_triton_fused.py --workloads 6,3 \
+    PYTHONPATH=. python3 solutions/triton_fused/tools/plan_ab.py --workloads 6,3 \
         --variant 'zeros behind grad_w2: side_prologue="zeros_after_grad_w2"' --reps 3 --out ab.jsonl
 
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket).
@@ -13,7 +13,7 @@ those five off).
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
-plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (benchmarks.sweep_triton_fused's
+plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (sweep.py's
 gpu_time_us: L2 flushed before each call, a GPU spin ahead of each batch). Each invocation appends a provenance
 header and then its rows to --out (JSON lines), so several invocations can share one file.
 """
@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 
 import torch
+from sweep import gpu_time_us
 
-from benchmarks.sweep_triton_fused import gpu_time_us
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
