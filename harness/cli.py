@@ -29,7 +29,12 @@ from harness.workloads import (
 )
 from reference.problem import FFN_DIM, HIDDEN_DIM
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Benchmark harness for the MoE expert SwiGLU backward.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Benchmark harness for the MoE expert SwiGLU backward.",
+)
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.
 console = Console(width=None if Console().is_terminal else 160)
 errors = Console(stderr=True, width=console.width)
@@ -142,9 +147,16 @@ def print_failures(workloads: list[WorkloadResult]) -> None:
 @app.command()
 def bench(
     solution: Annotated[str, typer.Option("--solution", "-s", help="a solution name, several joined by commas, or 'all'")],
-    suite: Annotated[Optional[str], typer.Option(help="workload suite by name, or a manifest's path (.yaml); default: public on a GPU, smoke on a CPU")] = None,
-    workload: Annotated[Optional[list[str]], typer.Option("--workload", "-w", help="uuid (or prefix) or index; repeatable")] = None,
-    trials: Annotated[Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")] = None,
+    suite: Annotated[
+        Optional[str],
+        typer.Option(help="workload suite by name, or a manifest's path (.yaml); default: public on a GPU, smoke on a CPU"),
+    ] = None,
+    workload: Annotated[
+        Optional[list[str]], typer.Option("--workload", "-w", help="uuid (or prefix) or index; repeatable")
+    ] = None,
+    trials: Annotated[
+        Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")
+    ] = None,
     seed: Annotated[int, typer.Option(help="base seed of every input set")] = 0,
     device: Annotated[str, typer.Option(help="auto, cuda or cpu")] = "auto",
     input_sets: Annotated[int, typer.Option(min=1, help="distinct input sets rotated through while timing")] = 3,
@@ -152,14 +164,24 @@ def bench(
     target_stderr: Annotated[float, typer.Option(help="stop timing when stderr/mean falls below this")] = 0.01,
     results_dir: Annotated[Path, typer.Option(help="where result files are written")] = RESULTS_DIR,
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
-    isolation: Annotated[bool, typer.Option(help="each solution in its own worker process (--no-isolation: all in this one)")] = True,
-    compile_timeout: Annotated[float, typer.Option(help="seconds to load a solution, added to its first workload's limit")] = 600.0,
+    isolation: Annotated[
+        bool, typer.Option(help="each solution in its own worker process (--no-isolation: all in this one)")
+    ] = True,
+    compile_timeout: Annotated[
+        float, typer.Option(help="seconds to load a solution, added to its first workload's limit")
+    ] = 600.0,
     run_timeout: Annotated[float, typer.Option(help="seconds for one workload (trials and timing) before TIMEOUT")] = 600.0,
-    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="also time the call captured in a CUDA graph and replayed")] = False,
+    cuda_graph: Annotated[
+        bool, typer.Option("--cuda-graph", help="also time the call captured in a CUDA graph and replayed")
+    ] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="also profile single calls and print their kernels")] = False,
-    gpus: Annotated[str, typer.Option(help="devices to spread the jobs over: a number or 'all' (on a CPU: worker processes)")] = "1",
+    gpus: Annotated[
+        str, typer.Option(help="devices to spread the jobs over: a number or 'all' (on a CPU: worker processes)")
+    ] = "1",
     backend: Annotated[str, typer.Option(help="local (a worker per device) or ray (a Ray task per job)")] = "local",
-    ray_address: Annotated[Optional[str], typer.Option(help="with --backend ray: the cluster to join; default a local one")] = None,
+    ray_address: Annotated[
+        Optional[str], typer.Option(help="with --backend ray: the cluster to join; default a local one")
+    ] = None,
 ) -> None:
     """Check solutions against the float32 reference and time them on every workload of a suite.
 
@@ -204,11 +226,18 @@ def bench(
         console.print("[yellow]--kernels profiles GPU activity: skipped on the CPU.[/yellow]")
     for sol in solutions:
         if not sol.runs_on(dev.type):
-            console.print(f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]")
+            console.print(
+                f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]"
+            )
 
     label = ", ".join(sol.name for sol in solutions)
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     ) as progress:
         task = progress.add_task(f"{label} on {provenance.device_name(dev)}", total=len(chosen) * len(solutions))
 
@@ -225,7 +254,9 @@ def bench(
                 fail(str(exc))
             results = list(by_name.values())
         elif len(devices) > 1:
-            by_name = run_local(names, solutions_dir, devices, options, results_dir, chosen_suite, chosen, timeouts, scorer, advance)
+            by_name = run_local(
+                names, solutions_dir, devices, options, results_dir, chosen_suite, chosen, timeouts, scorer, advance
+            )
             results = list(by_name.values())
         elif isolation:
             by_name = run_isolated(
@@ -239,7 +270,9 @@ def bench(
     partial = len(chosen) < len(chosen_suite.workloads)
     failed = False
     for result in results:
-        path = save(result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial, chosen_suite.name))
+        path = save(
+            result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial, chosen_suite.name)
+        )
         console.print(workload_table(result))
         for table in kernel_tables(result):
             console.print(table)
@@ -289,7 +322,11 @@ def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if frame.empty:
-        fail(f"no result files under {results_dir}" + (f" for device {device}" if device else "") + (f" for suite {suite}" if suite else ""))
+        fail(
+            f"no result files under {results_dir}"
+            + (f" for device {device}" if device else "")
+            + (f" for suite {suite}" if suite else "")
+        )
     return frame
 
 
@@ -320,8 +357,13 @@ def compare_cmd(
     if by_workload:
         comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
     else:
-        comparing.render(comparing.summary(frame), fmt, "Solutions (us; mean_us: call latency, synchronised per call at fresh addresses; mean_device_us: queue kept full; "
-                         "S = SOL score; failed workloads score 0)", console)
+        comparing.render(
+            comparing.summary(frame),
+            fmt,
+            "Solutions (us; mean_us: call latency, synchronised per call at fresh addresses; mean_device_us: queue kept full; "
+            "S = SOL score; failed workloads score 0)",
+            console,
+        )
 
 
 @app.command()
@@ -344,8 +386,12 @@ def export_cmd(
     solution: Annotated[str, typer.Option("--solution", "-s", help="the solution whose result file to export")],
     fmt: Annotated[str, typer.Option("--format", help="leaderboard (one JSON file) or sol-execbench (a folder)")],
     output: Annotated[Path, typer.Option("--output", "-o", help="the JSON file (leaderboard) or folder (sol-execbench)")],
-    device: Annotated[Optional[str], typer.Option(help="device folder of the result, e.g. nvidia-h200; needed if several have it")] = None,
-    partial: Annotated[bool, typer.Option("--partial", help="export even if some workloads did not pass; the record says so")] = False,
+    device: Annotated[
+        Optional[str], typer.Option(help="device folder of the result, e.g. nvidia-h200; needed if several have it")
+    ] = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="export even if some workloads did not pass; the record says so")
+    ] = False,
     results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
 ) -> None:
@@ -357,9 +403,15 @@ def export_cmd(
         fail(f"--format must be leaderboard or sol-execbench, got '{fmt}'")
     candidates = [p for p in find_results(results_dir) if p.name == f"{solution}.json" and device in (None, p.parent.name)]
     if not candidates:
-        fail(f"no result file for '{solution}' under {results_dir}" + (f"/{device}" if device else "") + "; run harness bench first")
+        fail(
+            f"no result file for '{solution}' under {results_dir}"
+            + (f"/{device}" if device else "")
+            + "; run harness bench first"
+        )
     if len(candidates) > 1:
-        fail(f"results for '{solution}' on several devices ({', '.join(p.parent.name for p in candidates)}): choose one with --device")
+        fail(
+            f"results for '{solution}' on several devices ({', '.join(p.parent.name for p in candidates)}): choose one with --device"
+        )
     path = candidates[0]
     try:
         result = load_result(path)
@@ -380,7 +432,9 @@ def export_cmd(
 @app.command("import-workloads")
 def import_workloads_cmd(
     file: Annotated[Path, typer.Argument(help="a SOL-ExecBench workload.jsonl")],
-    name: Annotated[str, typer.Option(help="the suite's name; the manifest is workloads/NAME.yaml unless --output says otherwise")],
+    name: Annotated[
+        str, typer.Option(help="the suite's name; the manifest is workloads/NAME.yaml unless --output says otherwise")
+    ],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="where to write the YAML manifest")] = None,
     description: Annotated[str, typer.Option(help="the suite's description")] = "",
     force: Annotated[bool, typer.Option("--force", help="replace the manifest if it exists")] = False,

@@ -122,9 +122,7 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
 def by_workload(frame: pd.DataFrame, value: str = "latency_us") -> pd.DataFrame:
     """Workloads as rows, solutions as columns, holding `value`; a failed workload's cell is marked."""
     marked = frame.copy()
-    marked["cell"] = [
-        _format(v) + ("" if s == Status.PASSED.value else f" ({s})") for v, s in zip(marked[value], marked.status)
-    ]
+    marked["cell"] = [_format(v) + ("" if s == Status.PASSED.value else f" ({s})") for v, s in zip(marked[value], marked.status)]
     table = marked.pivot_table(index=["device", "index", "B", "T"], columns="solution", values="cell", aggfunc="first")
     return table.reset_index()
 

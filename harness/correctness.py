@@ -27,9 +27,7 @@ def check_output(
             message=f"shape {tuple(out.shape)}, expected {expected_shape}",
         )
     if out.dtype != spec.dtype:
-        return OutputCheck(
-            name=spec.name, status=Status.INCORRECT_DTYPE, message=f"dtype {out.dtype}, expected {spec.dtype}"
-        )
+        return OutputCheck(name=spec.name, status=Status.INCORRECT_DTYPE, message=f"dtype {out.dtype}, expected {spec.dtype}")
     if not out.is_contiguous():
         return OutputCheck(name=spec.name, status=Status.INCORRECT_SHAPE, message=f"not contiguous (strides {out.stride()})")
     if out.device != ref.device:

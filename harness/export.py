@@ -73,7 +73,9 @@ def bundled_reference_source() -> str:
     body = []
     for relative in REFERENCE_MODULES:
         for line in (REPO_ROOT / relative).read_text().splitlines():
-            if line == "from __future__ import annotations" or line.startswith(("from harness", "from reference", "import harness")):
+            if line == "from __future__ import annotations" or line.startswith(
+                ("from harness", "from reference", "import harness")
+            ):
                 continue
             body.append(line)
     return "\n".join(body) + REFERENCE_ENTRY_POINTS.format(inputs=", ".join(INPUT_NAMES))
@@ -148,12 +150,20 @@ class LatencyStats(BaseModel):
     ci95_low: float
     ci95_high: float
 
-
     @classmethod
     def of(cls, t: TimingStats | None) -> LatencyStats | None:
         if t is None:
             return None
-        return cls(mean=t.mean_us, median=t.median_us, std=t.std_us, min=t.min_us, max=t.max_us, n=t.n, ci95_low=t.ci95_low_us, ci95_high=t.ci95_high_us)
+        return cls(
+            mean=t.mean_us,
+            median=t.median_us,
+            std=t.std_us,
+            min=t.min_us,
+            max=t.max_us,
+            n=t.n,
+            ci95_low=t.ci95_low_us,
+            ci95_high=t.ci95_high_us,
+        )
 
 
 class RecordWorkload(BaseModel):
@@ -192,7 +202,9 @@ def _worst_errors(w: WorkloadResult) -> tuple[float | None, float | None]:
     return max(o.max_abs_error for o in outputs), max(o.max_rel_error for o in outputs)
 
 
-def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Path, device_slug: str, partial: bool) -> LeaderboardRecord:
+def leaderboard_record(
+    result: BenchResult, solution: Solution, results_dir: Path, device_slug: str, partial: bool
+) -> LeaderboardRecord:
     _require_complete(result, partial)
     sources = measured_sources(result, solution)
     frame = load_frame(results_dir, device_slug, None)
@@ -206,7 +218,12 @@ def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Pat
         workloads.append(
             RecordWorkload(
                 uuid=w.uuid,
-                axes={"batch_seq_len": w.batch_seq_len, "num_tokens": w.num_tokens, "hidden_dim": w.hidden_dim, "ffn_dim": w.ffn_dim},
+                axes={
+                    "batch_seq_len": w.batch_seq_len,
+                    "num_tokens": w.num_tokens,
+                    "hidden_dim": w.hidden_dim,
+                    "ffn_dim": w.ffn_dim,
+                },
                 status=w.status.value,
                 latency_us=LatencyStats.of(w.call_latency),
                 device_time_us=LatencyStats.of(w.device_time),
@@ -223,10 +240,17 @@ def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Pat
     return LeaderboardRecord(
         partial=result.passed < len(result.workloads),
         problem={
-            "name": NAME, "alias": PUBLIC_ALIAS, "model": MODEL,
+            "name": NAME,
+            "alias": PUBLIC_ALIAS,
+            "model": MODEL,
             "axes": {"hidden_dim": HIDDEN_DIM, "ffn_dim": FFN_DIM, "batch_seq_len": "var", "num_tokens": "var"},
         },
-        hardware={"device": prov.device_name, "sm_count": prov.sm_count, "peaks": result.peaks_source, "measured_ceilings": result.calibration_source},
+        hardware={
+            "device": prov.device_name,
+            "sm_count": prov.sm_count,
+            "peaks": result.peaks_source,
+            "measured_ceilings": result.calibration_source,
+        },
         protocol={
             "harness": f"moe-bench {__version__}",
             "harness_commit": prov.git_commit,
@@ -258,8 +282,14 @@ def leaderboard_record(result: BenchResult, solution: Solution, results_dir: Pat
             "sources": [{"path": p, "sha256": result.solution.source_sha256[p], "content": text} for p, text in sources.items()],
         },
         environment={
-            "gpu": prov.device_name, "clocks_before": prov.clocks_before.model_dump(), "clocks_after": prov.clocks_after.model_dump(),
-            "driver": prov.driver, "cuda": prov.cuda, "torch": prov.torch, "triton": prov.triton, "python": prov.python,
+            "gpu": prov.device_name,
+            "clocks_before": prov.clocks_before.model_dump(),
+            "clocks_after": prov.clocks_after.model_dump(),
+            "driver": prov.driver,
+            "cuda": prov.cuda,
+            "torch": prov.torch,
+            "triton": prov.triton,
+            "python": prov.python,
             "timestamp": prov.timestamp,
         },
     )
@@ -275,8 +305,10 @@ def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> Tr
     outputs = [o for trial in w.trials for o in trial.outputs]
     correctness = (
         Correctness(
-            max_relative_error=max_rel, max_absolute_error=max_abs,
-            has_nan=any(o.has_nan for o in outputs), has_inf=any(o.has_inf for o in outputs),
+            max_relative_error=max_rel,
+            max_absolute_error=max_abs,
+            has_nan=any(o.has_nan for o in outputs),
+            has_inf=any(o.has_inf for o in outputs),
         )
         if status in ("PASSED", "INCORRECT_NUMERICAL") and max_abs is not None
         else None
@@ -287,17 +319,29 @@ def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> Tr
         performance = Performance(
             latency_ms=w.latency_us / 1e3, reference_latency_ms=w.baseline_us / 1e3, speedup_factor=w.baseline_us / w.latency_us
         )
-        log = (f"latency_ms: mean call latency ({TIMING_METHODS['latency_us']}); device time with the queue kept full "
-               f"{w.device_us / 1e3:.4f} ms; host issue time {w.host.median_us / 1e3:.4f} ms (median)")
+        log = (
+            f"latency_ms: mean call latency ({TIMING_METHODS['latency_us']}); device time with the queue kept full "
+            f"{w.device_us / 1e3:.4f} ms; host issue time {w.host.median_us / 1e3:.4f} ms (median)"
+        )
     prov = result.provenance
-    libs = {"torch": prov.torch, "cuda": prov.cuda or "", "triton": prov.triton or "", "driver": prov.driver or "", "python": prov.python}
+    libs = {
+        "torch": prov.torch,
+        "cuda": prov.cuda or "",
+        "triton": prov.triton or "",
+        "driver": prov.driver or "",
+        "python": prov.python,
+    }
     return TraceLine(
         definition=PUBLIC_ALIAS,
         workload=workload,
         solution=result.solution.name,
         evaluation=Evaluation(
-            status=status, log=log, correctness=correctness, performance=performance,
-            environment=Environment(hardware=prov.device_name, libs=libs), timestamp=prov.timestamp,
+            status=status,
+            log=log,
+            correctness=correctness,
+            performance=performance,
+            environment=Environment(hardware=prov.device_name, libs=libs),
+            timestamp=prov.timestamp,
         ),
     )
 
@@ -326,7 +370,9 @@ def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, o
                 dependencies=["torch"] + (["triton"] if spec.language == "triton" else []),
             ),
         ).model_dump_json(indent=1),
-        "traces.jsonl": "".join(_trace(w, lines[w.uuid], result).model_dump_json(exclude_none=True) + "\n" for w in result.workloads),
+        "traces.jsonl": "".join(
+            _trace(w, lines[w.uuid], result).model_dump_json(exclude_none=True) + "\n" for w in result.workloads
+        ),
     }
     written = []
     for name, text in files.items():

@@ -49,11 +49,7 @@ def mutated_inputs(before: dict[str, torch.Tensor], after: dict[str, torch.Tenso
     changed = []
     for name, original in before.items():
         current = after[name]
-        if (
-            current.shape != original.shape
-            or current.dtype != original.dtype
-            or not torch.equal(bits(current), bits(original))
-        ):
+        if current.shape != original.shape or current.dtype != original.dtype or not torch.equal(bits(current), bits(original)):
             changed.append(name)
     return changed
 

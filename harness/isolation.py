@@ -174,7 +174,9 @@ class Worker:
                 result = WorkloadResult.model_validate(reply["result"])
             except ValidationError as exc:
                 self._kill()
-                return scorer.base(workload, index, Status.RUNTIME_ERROR, f"the worker sent an invalid result: {exc.errors()[0]['msg']}")
+                return scorer.base(
+                    workload, index, Status.RUNTIME_ERROR, f"the worker sent an invalid result: {exc.errors()[0]['msg']}"
+                )
             if result.uuid == workload.uuid:
                 self._first_result_pending = False
                 return result

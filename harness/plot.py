@@ -73,7 +73,9 @@ def percent_of_sol_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
         bars = ax.bar([x + i * width for x in range(len(workloads))], values, width, label=f"{solution} (mean {mean:.1f}%)")
         for bar, hatch in zip(bars, hatches):
             bar.set_hatch(hatch)
-        device = [100.0 * mine["sol_us"].get(uuid, float("nan")) / mine["device_us"].get(uuid, float("nan")) for uuid in workloads.uuid]
+        device = [
+            100.0 * mine["sol_us"].get(uuid, float("nan")) / mine["device_us"].get(uuid, float("nan")) for uuid in workloads.uuid
+        ]
         ax.scatter([bar.get_x() + bar.get_width() / 2 for bar in bars], device, marker="_", s=60, color="black", zorder=3)
     ax.scatter([], [], marker="_", s=60, color="black", label="device time's percent")
     if any(data.status != Status.PASSED.value):

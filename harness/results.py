@@ -220,7 +220,9 @@ class BenchResult(BaseModel):
     @classmethod
     def _current(cls, value: int) -> int:
         if value != SCHEMA_VERSION:
-            raise ValueError(f"schema {value} is not this harness's {SCHEMA_VERSION} (call latency and device time apart): run `harness bench` again")
+            raise ValueError(
+                f"schema {value} is not this harness's {SCHEMA_VERSION} (call latency and device time apart): run `harness bench` again"
+            )
         return value
 
     @property

@@ -23,8 +23,16 @@ class DevicePeaks:
 # Matched against the device name in this order (a name is matched by substring, case-insensitive).
 DATASHEET_PEAKS: tuple[tuple[str, DevicePeaks], ...] = (
     ("H200", DevicePeaks("H200 SXM datasheet", 989e12, 4.8e12, "NVIDIA H200 datasheet: dense BF16 989 TFLOP/s, HBM3e 4.8 TB/s")),
-    ("H100", DevicePeaks("H100 SXM datasheet", 989e12, 3.35e12, "NVIDIA H100 SXM datasheet: dense BF16 989 TFLOP/s, HBM3 3.35 TB/s")),
-    ("B200", DevicePeaks("B200 (SOLAR)", 1.811e15, 7.667e12, "public leaderboard's SOLAR model: BF16 1.811 PFLOP/s, 7.667 TB/s at 1500 MHz")),
+    (
+        "H100",
+        DevicePeaks("H100 SXM datasheet", 989e12, 3.35e12, "NVIDIA H100 SXM datasheet: dense BF16 989 TFLOP/s, HBM3 3.35 TB/s"),
+    ),
+    (
+        "B200",
+        DevicePeaks(
+            "B200 (SOLAR)", 1.811e15, 7.667e12, "public leaderboard's SOLAR model: BF16 1.811 PFLOP/s, 7.667 TB/s at 1500 MHz"
+        ),
+    ),
 )
 
 

@@ -111,7 +111,9 @@ def allocate_outputs(workload: Workload, device: torch.device) -> list[torch.Ten
 
 
 def _same_bits(a: object, b: torch.Tensor) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(guards.bits(a), guards.bits(b))
+    return (
+        isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(guards.bits(a), guards.bits(b))
+    )
 
 
 def redraw(inputs: dict[str, torch.Tensor], name: str, seed: int) -> None:
@@ -397,7 +399,9 @@ class Scorer:
             baseline.update({w.uuid: Baseline.of(w) for w in workloads if w.latency_us is not None})
         return baseline
 
-    def base(self, workload: Workload, index: int, status: Status, message: str, baseline: Baseline | None = None) -> WorkloadResult:
+    def base(
+        self, workload: Workload, index: int, status: Status, message: str, baseline: Baseline | None = None
+    ) -> WorkloadResult:
         dims = workload.dims
         return WorkloadResult(
             uuid=workload.uuid,
@@ -428,7 +432,9 @@ class Scorer:
             result.message = f"mean {fastest:.1f} us is below the roofline's {result.sol_us:.1f} us: physically impossible"
         if self.solution == BASELINE_SOLUTION:
             result.baseline_us, result.device_baseline_us = result.latency_us, result.device_us
-        result.percent_of_sol, result.percent_of_sol_measured, result.sol_score = self._scores(result, result.latency_us, result.baseline_us)
+        result.percent_of_sol, result.percent_of_sol_measured, result.sol_score = self._scores(
+            result, result.latency_us, result.baseline_us
+        )
         result.device_percent_of_sol, result.device_percent_of_sol_measured, result.device_sol_score = self._scores(
             result, result.device_us, result.device_baseline_us
         )
@@ -472,7 +478,9 @@ class Bench:
             result = self._base(workload, index, Status.REWARD_HACK, f"on an earlier workload: {self._tainted}")
         else:
             result = self.run_workload(self._call, workload, index)
-            if result.status is Status.REWARD_HACK and (PATCHED_FUNCTIONS in result.message or CHANGED_SETTINGS in result.message):
+            if result.status is Status.REWARD_HACK and (
+                PATCHED_FUNCTIONS in result.message or CHANGED_SETTINGS in result.message
+            ):
                 self._tainted = result.message
         self._busy_seconds += time.perf_counter() - started
         return self.scorer.rescore(result)
@@ -488,13 +496,18 @@ class Bench:
             workloads=results,
         )
 
-    def run(self, suite: Suite, workloads: list[Workload], on_done: Callable[[WorkloadResult], None] = lambda r: None) -> BenchResult:
+    def run(
+        self, suite: Suite, workloads: list[Workload], on_done: Callable[[WorkloadResult], None] = lambda r: None
+    ) -> BenchResult:
         return run_side_by_side([self], suite, workloads, lambda bench, result: on_done(result))[0]
 
     def _prepare_solution(self) -> tuple[SolutionCaller | None, tuple[Status, str] | None]:
         if not self.solution.runs_on(self.device.type):
             where = ", ".join(self.solution.spec.devices)
-            return None, (Status.SKIPPED, f"solution '{self.solution.name}' runs on {where} only; this run is on {self.device.type}")
+            return None, (
+                Status.SKIPPED,
+                f"solution '{self.solution.name}' runs on {where} only; this run is on {self.device.type}",
+            )
         try:
             return SolutionCaller(self.solution, self.solution.load_entry_point()), None
         except Exception as exc:  # noqa: BLE001 - an import or syntax error in the solution is reported per workload
@@ -521,9 +534,7 @@ class Bench:
             validate_token_indices(inputs["token_indices"], dims.batch_seq_len)
             if near_duplicate:
                 redraw(inputs, "grad_output", trial_seed(self.options.seed, index, trial))
-            report, produced = check_call(
-                call, workload, inputs, output_pool[k], self.device, seed, self._pristine, late_work
-            )
+            report, produced = check_call(call, workload, inputs, output_pool[k], self.device, seed, self._pristine, late_work)
             replayed = next((j for j, old in enumerate(earlier) if produced and all(map(_same_bits, produced, old))), None)
             if replayed is not None:
                 report.status = Status.REWARD_HACK
@@ -641,7 +652,12 @@ class Bench:
         return latency, host, checks.current
 
     def _time_graph(
-        self, call: SolutionCaller, workload: Workload, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], seeds: Iterator[int]
+        self,
+        call: SolutionCaller,
+        workload: Workload,
+        inputs: dict[str, torch.Tensor],
+        outputs: list[torch.Tensor],
+        seeds: Iterator[int],
     ) -> GraphTiming:
         """Replays of the call captured once in a CUDA graph, on inputs redrawn in place; the last replay's outputs must
         pass the check."""
@@ -661,10 +677,17 @@ class Bench:
         except Exception as exc:  # noqa: BLE001
             return GraphTiming(error="replay failed: " + _describe_exception(exc))
         _, status, detail = check_outputs(workload, produced, compute_reference(inputs))
-        return GraphTiming(timing=timing, error="" if status is Status.PASSED else f"the last replay's outputs fail the check: {detail}")
+        return GraphTiming(
+            timing=timing, error="" if status is Status.PASSED else f"the last replay's outputs fail the check: {detail}"
+        )
 
     def _verify_timed_outputs(
-        self, workload: Workload, device_checks: TimedOutputChecks, latency_checks: TimedOutputChecks, last: list[TimedCall], result: WorkloadResult
+        self,
+        workload: Workload,
+        device_checks: TimedOutputChecks,
+        latency_checks: TimedOutputChecks,
+        last: list[TimedCall],
+        result: WorkloadResult,
     ) -> None:
         """After timing: no timed call left an output element unwritten (or NaN); the sampled calls' outputs and those
         of the last call on each input set and at fresh addresses match the reference; those last calls' inputs are
@@ -688,7 +711,9 @@ class Bench:
             if status is not Status.PASSED:
                 if any(_grossly_wrong(check) for check in checks):
                     result.status = Status.REWARD_HACK
-                    result.message = f"outputs of timed calls (seed {checked.seed}) are wrong although the trials passed: {detail}"
+                    result.message = (
+                        f"outputs of timed calls (seed {checked.seed}) are wrong although the trials passed: {detail}"
+                    )
                 else:
                     result.status = Status.INCORRECT_NUMERICAL
                     result.message = (
@@ -727,7 +752,9 @@ class TimedOutputChecks:
         self.calls += 1
         slot = self.calls - 1 if self.calls <= VERIFIED_TIMED_CALLS else self._random.randrange(self.calls)
         if slot < VERIFIED_TIMED_CALLS:
-            kept = TimedCall({}, self.current.seed, [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs], i)
+            kept = TimedCall(
+                {}, self.current.seed, [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs], i
+            )
             self.kept[slot : slot + 1] = [kept]
 
     def poisoned_calls(self) -> list[int]:

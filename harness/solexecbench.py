@@ -122,14 +122,20 @@ def suite_yaml(suite: Suite) -> str:
         fields = {"uuid": w.uuid, "batch_seq_len": w.batch_seq_len, "num_tokens": w.num_tokens, "atol": w.atol, "rtol": w.rtol}
         if w.required_matched_ratio != DEFAULT_MATCHED_RATIO:
             fields["required_matched_ratio"] = w.required_matched_ratio
-        rows.append("  - {" + ", ".join(f"{key}: {value!r}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items()) + "}")
+        rows.append(
+            "  - {"
+            + ", ".join(f"{key}: {value!r}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items())
+            + "}"
+        )
     return head + "workloads:\n" + "\n".join(rows) + "\n"
 
 
 def workload_jsonl(suite: Suite) -> str:
     for workload in suite.workloads:
         if (workload.hidden_dim, workload.ffn_dim) != (HIDDEN_DIM, FFN_DIM):
-            raise ManifestError(f"workload {workload.uuid}: the public format fixes hidden_dim and ffn_dim; this suite overrides them")
+            raise ManifestError(
+                f"workload {workload.uuid}: the public format fixes hidden_dim and ffn_dim; this suite overrides them"
+            )
     return "".join(WorkloadLine.from_workload(w).dumps() + "\n" for w in suite.workloads)
 
 
@@ -184,9 +190,13 @@ class Definition(BaseModel):
             raise ValueError(f"reference run() must take the {len(self.inputs)} inputs by name, in order {list(self.inputs)}; it takes {names}"
                              + (" and *" + arguments.vararg.arg if arguments.vararg else ""))  # fmt: skip
         if self.custom_inputs_entrypoint not in functions:
-            raise ValueError(f"custom_inputs_entrypoint '{self.custom_inputs_entrypoint}' is not a top-level function of reference")
+            raise ValueError(
+                f"custom_inputs_entrypoint '{self.custom_inputs_entrypoint}' is not a top-level function of reference"
+            )
         if "from __future__ import annotations" in self.reference:
-            raise ValueError("reference must not postpone annotations: the evaluator runs it unregistered, where dataclasses then fail")
+            raise ValueError(
+                "reference must not postpone annotations: the evaluator runs it unregistered, where dataclasses then fail"
+            )
         return self
 
 
@@ -195,7 +205,9 @@ AXIS_NAMES = {"B": "batch_seq_len", "T": "num_tokens", "H": "hidden_dim", "F": "
 
 def definition(reference_source: str) -> Definition:
     def declare(spec) -> TensorDecl:
-        return TensorDecl(shape=[AXIS_NAMES[a] for a in spec.shape], dtype=DTYPE_NAMES[str(spec.dtype)], description=spec.description)
+        return TensorDecl(
+            shape=[AXIS_NAMES[a] for a in spec.shape], dtype=DTYPE_NAMES[str(spec.dtype)], description=spec.description
+        )
 
     return Definition(
         name=PUBLIC_ALIAS,
@@ -203,7 +215,9 @@ def definition(reference_source: str) -> Definition:
         description="Backward of one MoE expert (SwiGLU MLP) with weighted token scatter, MiniMax-M2 shapes.",
         axes={
             "batch_seq_len": Axis(type="var"),
-            "num_tokens": Axis(type="var", description="tokens routed to the expert (at most batch_seq_len); unique sorted rows of the batch"),
+            "num_tokens": Axis(
+                type="var", description="tokens routed to the expert (at most batch_seq_len); unique sorted rows of the batch"
+            ),
             "hidden_dim": Axis(type="const", value=HIDDEN_DIM),
             "ffn_dim": Axis(type="const", value=FFN_DIM),
         },

@@ -84,14 +84,20 @@ class FreshAddresses:
     def __init__(self, templates: list[torch.Tensor], calls: int):
         self.calls = calls
         self.templates = [(t.shape, t.dtype, t.numel() * t.element_size()) for t in templates]
-        self.pools = [torch.empty(nbytes + self.SHIFT * calls, dtype=torch.uint8, device=t.device) for t, (_, _, nbytes) in zip(templates, self.templates)]
+        self.pools = [
+            torch.empty(nbytes + self.SHIFT * calls, dtype=torch.uint8, device=t.device)
+            for t, (_, _, nbytes) in zip(templates, self.templates)
+        ]
 
     def at(self, call: int) -> list[torch.Tensor]:
         """The tensors of call `call` (0 <= call < calls): views of the pools at call * SHIFT bytes."""
         if not 0 <= call < self.calls:
             raise IndexError(f"call {call} is outside the {self.calls} calls these pools were sized for")
         offset = call * self.SHIFT
-        return [pool[offset : offset + nbytes].view(dtype).view(shape) for pool, (shape, dtype, nbytes) in zip(self.pools, self.templates)]
+        return [
+            pool[offset : offset + nbytes].view(dtype).view(shape)
+            for pool, (shape, dtype, nbytes) in zip(self.pools, self.templates)
+        ]
 
 
 def _nothing(i: int) -> None:
@@ -136,7 +142,9 @@ def time_call_latency(
             continue
         samples.append(elapsed_us)
         host.append((issued - issue) * 1e6)
-        if len(samples) % config.batch_calls == 0 and (_converged(samples, config) or time.perf_counter() - started > config.max_seconds):
+        if len(samples) % config.batch_calls == 0 and (
+            _converged(samples, config) or time.perf_counter() - started > config.max_seconds
+        ):
             break
     clock = "cuda_events" if flush is not None else "cpu_wall"
     return (
@@ -225,7 +233,11 @@ def _time_cuda(
 
 
 def _time_cpu(
-    call: Callable[[int], None], prepare: Callable[[int], None], input_sets: int, config: TimingConfig, after: Callable[[int], None]
+    call: Callable[[int], None],
+    prepare: Callable[[int], None],
+    input_sets: int,
+    config: TimingConfig,
+    after: Callable[[int], None],
 ) -> TimingStats:
     for k in range(config.warmup_calls):
         prepare(k % input_sets)

@@ -59,7 +59,9 @@ def fill_inputs(inputs: dict[str, torch.Tensor], dims: Dims, seed: int) -> dict[
     def normal(name: str, scale: float = 1.0) -> None:
         draw_normal(inputs[name], gen, scale)
 
-    inputs["token_indices"].copy_(torch.randperm(dims.batch_seq_len, generator=gen, device=device)[: dims.num_tokens].sort().values)
+    inputs["token_indices"].copy_(
+        torch.randperm(dims.batch_seq_len, generator=gen, device=device)[: dims.num_tokens].sort().values
+    )
     normal("w1_output")
     normal("up_output")
     inputs["gate_output"].copy_(torch.nn.functional.silu(inputs["w1_output"].float()))

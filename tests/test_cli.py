@@ -148,7 +148,9 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
     result = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--device", "nvidia-h200")
     assert result.exit_code == 0, result.output
     assert json.loads(record.read_text())["aggregates"]["passed"] == "16/16"
-    refused = invoke("export", "-s", "torch_eager", "--format", "leaderboard", "-o", str(tmp_path / "e.json"), "--device", "nvidia-h200")
+    refused = invoke(
+        "export", "-s", "torch_eager", "--format", "leaderboard", "-o", str(tmp_path / "e.json"), "--device", "nvidia-h200"
+    )
     assert refused.exit_code == 2 and "--partial" in refused.output
     missing = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--results-dir", str(tmp_path))
     assert missing.exit_code == 2 and "no result file" in missing.output
@@ -182,12 +184,16 @@ def test_a_broken_manifest_stops_only_what_names_it(tmp_path: Path, make_solutio
     assert listed.exit_code == 0 and "good" in listed.output and "invalid" in listed.output
     named = invoke("bench", "-s", "broken", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
     assert named.exit_code == 2 and "broken/solution.yaml" in named.output and "language" in named.output
-    other = invoke("bench", "-s", "good", "-w", "0", "--trials", "1", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
+    other = invoke(
+        "bench", "-s", "good", "-w", "0", "--trials", "1", "--solutions-dir", str(root), "--results-dir", str(tmp_path)
+    )
     assert "good: passed 0/1" in other.output and "Traceback" not in other.output
 
 
 def test_a_corrupt_result_file_is_skipped_by_name(tmp_path: Path) -> None:
-    assert invoke("bench", "-s", "torch_eager", "--trials", "1", "--max-calls", "4", "--results-dir", str(tmp_path)).exit_code == 0
+    assert (
+        invoke("bench", "-s", "torch_eager", "--trials", "1", "--max-calls", "4", "--results-dir", str(tmp_path)).exit_code == 0
+    )
     (tmp_path / "cpu" / "torch_compile.json").write_text("{not json")
     table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
     assert table.exit_code == 0 and "skipped:" in table.output and "torch_compile.json" in table.output
@@ -208,7 +214,9 @@ def test_import_workloads_keeps_an_existing_manifest_unless_forced(tmp_path: Pat
 
 def test_a_suite_given_by_its_manifest_path(tmp_path: Path) -> None:
     manifest = Path(__file__).resolve().parent.parent / "workloads" / "smoke.yaml"
-    result = invoke("bench", "-s", "torch_eager", "--suite", str(manifest), "-w", "0", "--trials", "1", "--results-dir", str(tmp_path))
+    result = invoke(
+        "bench", "-s", "torch_eager", "--suite", str(manifest), "-w", "0", "--trials", "1", "--results-dir", str(tmp_path)
+    )
     assert result.exit_code == 0, result.output
     assert "torch_eager: passed 1/1" in result.output
 

@@ -174,7 +174,9 @@ def test_bundled_reference_is_self_contained_and_equal_to_ours(tmp_path: Path, m
         assert torch.equal(got, want)
     entry = Definition.model_validate_json(definition_json()).custom_inputs_entrypoint
     drawn = namespace[entry]({"batch_seq_len": 5, "num_tokens": 2}, "cpu", 1)
-    assert drawn["w1_weight"].shape == (14336, 4096) and drawn["token_indices"].tolist() == sorted(set(drawn["token_indices"].tolist()))
+    assert drawn["w1_weight"].shape == (14336, 4096) and drawn["token_indices"].tolist() == sorted(
+        set(drawn["token_indices"].tolist())
+    )
 
 
 def test_exported_reference_runs_as_the_public_evaluator_runs_it(tmp_path: Path) -> None:
@@ -188,7 +190,12 @@ def test_exported_reference_runs_as_the_public_evaluator_runs_it(tmp_path: Path)
     spec.loader.exec_module(module)
     for workload in load_named_suite("smoke").workloads:
         dims = workload.dims
-        axes = {"batch_seq_len": dims.batch_seq_len, "num_tokens": dims.num_tokens, "hidden_dim": dims.hidden_dim, "ffn_dim": dims.ffn_dim}
+        axes = {
+            "batch_seq_len": dims.batch_seq_len,
+            "num_tokens": dims.num_tokens,
+            "hidden_dim": dims.hidden_dim,
+            "ffn_dim": dims.ffn_dim,
+        }
         inputs = module.custom_inputs(axes, "cpu")
         for got, want in zip(module.run(**inputs), reference_backward(*generate_inputs(dims, 0, "cpu").values())):
             assert torch.equal(got, want)
@@ -215,7 +222,9 @@ def test_definition_holds_the_public_reference_rules() -> None:
 
 
 def test_solution_holds_the_public_spec_rules(tmp_path: Path) -> None:
-    write_sol_execbench(h200_result("triton_fused"), get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False)
+    write_sol_execbench(
+        h200_result("triton_fused"), get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False
+    )
     good = json.loads((tmp_path / "solution.json").read_text())
     SolutionOut.model_validate(good)
     spec = good["spec"]

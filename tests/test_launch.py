@@ -32,7 +32,9 @@ class Compiled:
         self.log = log
 
     def run(self, grid_x, grid_y, grid_z, stream, function, metadata, launch_metadata, enter, exit_, *values):
-        self.log.append(((grid_x, grid_y, grid_z), stream, [v.base.data_ptr() if isinstance(v, Descriptor) else v for v in values]))
+        self.log.append(
+            ((grid_x, grid_y, grid_z), stream, [v.base.data_ptr() if isinstance(v, Descriptor) else v for v in values])
+        )
 
 
 class Kernel:

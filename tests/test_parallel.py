@@ -23,7 +23,9 @@ CPU = torch.device("cpu")
 
 def test_jobs_put_the_baseline_first() -> None:
     jobs = jobs_for(SOLUTIONS, SMOKE, SMOKE.workloads[:3])
-    assert [(j.solution, j.index) for j in jobs] == [("reference_fp32", i) for i in range(3)] + [("torch_eager", i) for i in range(3)]
+    assert [(j.solution, j.index) for j in jobs] == [("reference_fp32", i) for i in range(3)] + [
+        ("torch_eager", i) for i in range(3)
+    ]
 
 
 def test_slots(monkeypatch) -> None:
@@ -53,7 +55,9 @@ def verdicts(result) -> list[tuple]:
 @pytest.fixture(scope="module")
 def one_worker(tmp_path_factory):
     results = tmp_path_factory.mktemp("one")
-    return run_isolated(SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, results, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, results))
+    return run_isolated(
+        SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, results, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, results)
+    )
 
 
 def check_same_as_one_worker(merged, one_worker, devices: int) -> None:
@@ -75,7 +79,9 @@ def test_ray_tasks_decide_as_one_worker(tmp_path: Path, one_worker) -> None:
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        merged = run_ray(SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, tmp_path))
+        merged = run_ray(
+            SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, tmp_path)
+        )
     finally:
         ray.shutdown()
     check_same_as_one_worker(merged, one_worker, 6)

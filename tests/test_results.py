@@ -46,7 +46,10 @@ def test_baseline_comes_from_every_suites_full_runs(tmp_path: Path, bench_result
     first, second = bench_result.workloads[:2]
     slower = first.model_copy(update={"call_latency": first.call_latency.model_copy(update={"mean_us": first.latency_us + 1.0})})
     for workloads, partial, suite in (([first], False, None), ([second], False, "edges"), ([slower], True, None)):
-        save(bench_result.model_copy(update={"workloads": workloads}), result_path(tmp_path, "cpu", "reference_fp32", partial, suite))
+        save(
+            bench_result.model_copy(update={"workloads": workloads}),
+            result_path(tmp_path, "cpu", "reference_fp32", partial, suite),
+        )
     baseline = Scorer(torch.device("cpu"), tmp_path).baseline_from_file()
     assert baseline == {w.uuid: Baseline(w.latency_us, w.device_us) for w in (first, second)}
 
@@ -99,7 +102,10 @@ def test_side_by_side_interleaves_per_workload_and_feeds_the_baseline() -> None:
 
     suite = load_named_suite("smoke")
     options = BenchOptions(trials=1, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
-    benches = [Bench(get_solution(name), torch.device("cpu"), options, Path("/nonexistent")) for name in ("torch_eager", "reference_fp32")]
+    benches = [
+        Bench(get_solution(name), torch.device("cpu"), options, Path("/nonexistent"))
+        for name in ("torch_eager", "reference_fp32")
+    ]
     order: list[tuple[str, int]] = []
     eager, baseline = run_side_by_side(benches, suite, suite.workloads[:2], lambda b, r: order.append((b.solution.name, r.index)))
     assert order == [("reference_fp32", 0), ("torch_eager", 0), ("reference_fp32", 1), ("torch_eager", 1)]

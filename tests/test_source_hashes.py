@@ -39,7 +39,12 @@ def test_comments_docstrings_and_blank_lines_do_not_change_the_hash() -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [("x * factor", "x * factor + 1"), ("factor=2", "factor=3"), ("width: int = 4", "width: int = 8"), ('"""A plan."""', "x = 1")],
+    [
+        ("x * factor", "x * factor + 1"),
+        ("factor=2", "factor=3"),
+        ("width: int = 4", "width: int = 8"),
+        ('"""A plan."""', "x = 1"),
+    ],
 )
 def test_any_change_of_code_changes_the_hash(change: tuple[str, str]) -> None:
     assert source_code_hash("m.py", SOURCE.replace(*change)) != source_code_hash("m.py", SOURCE)
@@ -57,7 +62,9 @@ def test_an_export_survives_a_comment_fix_and_refuses_a_code_change(tmp_path: Pa
     record = result.solution.model_copy(update={"source_sha256": solution.source_hashes("code"), "source_hash_method": "code"})
     result = result.model_copy(update={"solution": record})
     kernels = folder / "kernels.py"
-    kernels.write_text(kernels.read_text().replace("Triton kernels of the fused", "The Triton kernels of the fused", 1) + "# a note\n")
+    kernels.write_text(
+        kernels.read_text().replace("Triton kernels of the fused", "The Triton kernels of the fused", 1) + "# a note\n"
+    )
     assert measured_sources(result, solution)["kernels.py"] == kernels.read_text()
     kernels.write_text(kernels.read_text() + "UNUSED = 1\n")
     with pytest.raises(ExportError, match=r"\(kernels.py\)"):

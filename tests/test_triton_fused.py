@@ -82,8 +82,16 @@ def assert_match_in_float32(outputs, expected) -> None:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
 
 
-def run_interpreted(module, dims: Dims, dtype: torch.dtype, precise: torch.dtype, dx_split: int = 2, epilogue_split: int = 1,
-                    programs_per_sm: int = 0, plan=None):
+def run_interpreted(
+    module,
+    dims: Dims,
+    dtype: torch.dtype,
+    precise: torch.dtype,
+    dx_split: int = 2,
+    epilogue_split: int = 1,
+    programs_per_sm: int = 0,
+    plan=None,
+):
     inputs = interpreted_inputs(dims, dtype)
     outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
     plan = plan or small_plan(module, dx_split, epilogue_split, programs_per_sm)
@@ -104,7 +112,9 @@ def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None
 @pytest.mark.parametrize("ffn", [64, 80])
 def test_epilogue_on_column_pieces(interpreted, epilogue_split: int, ffn: int) -> None:
     """F = 80 ends inside a 32-wide tile: the pieces past column F must be clipped, not spill into d_up."""
-    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, epilogue_split=epilogue_split)
+    outputs, expected = run_interpreted(
+        interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, epilogue_split=epilogue_split
+    )
     assert_match_in_float32(outputs, expected)
 
 
@@ -259,8 +269,12 @@ def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
     layouts = ((1, (False, False), False), (1, (True, True), False), (2, (True, True), False), (3, (False, False), False),
                (2, (False, False), True))  # fmt: skip
     for dx_split, dx_on_side, dh_gathers_rows in layouts:
-        plan = dataclasses.replace(small_plan(interpreted, dx_split=dx_split), dx_writes_rows=True, dx_on_side=dx_on_side,
-                                   dh_gathers_rows=dh_gathers_rows)
+        plan = dataclasses.replace(
+            small_plan(interpreted, dx_split=dx_split),
+            dx_writes_rows=True,
+            dx_on_side=dx_on_side,
+            dh_gathers_rows=dh_gathers_rows,
+        )
         outputs, expected = run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
         assert_match_in_float32(outputs, expected)
 
@@ -592,9 +606,19 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     outputs = list(cuda_outputs(dims).values())
     plan = module.plan_for(dims.num_tokens)
     layouts = [plan] + [
-        dataclasses.replace(plan, dx_on_side=dx_on_side, grad_w13_on_side=grad_w13_on_side, scatter_on_side=scatter_on_side,
-                            scatter_after_dx=False)
-        for dx_on_side, grad_w13_on_side in (((False, False), True), ((True, True), False), ((True, False), False), ((False, True), True))
+        dataclasses.replace(
+            plan,
+            dx_on_side=dx_on_side,
+            grad_w13_on_side=grad_w13_on_side,
+            scatter_on_side=scatter_on_side,
+            scatter_after_dx=False,
+        )
+        for dx_on_side, grad_w13_on_side in (
+            ((False, False), True),
+            ((True, True), False),
+            ((True, False), False),
+            ((False, True), True),
+        )
         for scatter_on_side in (False, True)
         # dx into the rows takes both halves on one stream and leaves no scatter
         if not plan.dx_writes_rows or (dx_on_side[0] == dx_on_side[1] and not scatter_on_side)
@@ -682,7 +706,9 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims", [Dims(1571, 196), Dims(2053, 256), Dims(700, 200, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}")
+@pytest.mark.parametrize(
+    "dims", [Dims(1571, 196), Dims(2053, 256), Dims(700, 200, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}"
+)
 def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dx over the fp16 dd gives Triton's dx over the bf16 copy up to that copy's rounding (bf16 of fp16 of
     x against bf16 of x), as the same bits on every call. F = 320 has an odd number of K steps per split."""
@@ -708,7 +734,9 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims", [Dims(997, 128), Dims(65, 65), Dims(700, 100, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}")
+@pytest.mark.parametrize(
+    "dims", [Dims(997, 128), Dims(65, 65), Dims(700, 100, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}"
+)
 def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) -> None:
     """The Gluon kernel of dx with grad_w1/grad_w3 gives the Triton weight gradient's bits (the same fp16 products,
     accumulated in the same order) and Triton's dx over the bf16 copy up to that copy's rounding, as the same bits on
@@ -754,7 +782,9 @@ def test_warp_specialized_dx_into_the_rows_gives_the_scatters_bits(dims: Dims) -
     plan = module.plan_for(dims.num_tokens)
     assert plan.dx_warp_specialized
     rows = dataclasses.replace(plan, dx_writes_rows=True)
-    scatter, *calls = outputs_by_plan(module, inputs, outputs, (dataclasses.replace(plan, dx_writes_rows=False), rows, rows, rows))
+    scatter, *calls = outputs_by_plan(
+        module, inputs, outputs, (dataclasses.replace(plan, dx_writes_rows=False), rows, rows, rows)
+    )
     for call in calls:
         for spec, want, got in zip(OUTPUTS, scatter, call):
             assert torch.equal(got, want), spec.name

@@ -79,9 +79,18 @@ GOOD = "{uuid: u0, batch_seq_len: 8, num_tokens: 4, atol: 0.01, rtol: 0.05}"
 @pytest.mark.parametrize(
     "entry, expected",
     [
-        ("{uuid: u1, batch_seq_len: 8, atol: 0.01, rtol: 0.05}", r"workloads\[1\] \(uuid u1\): field 'num_tokens': Field required"),
-        ("{uuid: u1, batch_seq_len: 8, num_tokens: -3, atol: 0.01, rtol: 0.05}", r"workloads\[1\] \(uuid u1\): field 'num_tokens'"),
-        ("{uuid: u1, batch_seq_len: 8, num_tokens: 9, atol: 0.01, rtol: 0.05}", r"workloads\[1\] \(uuid u1\).*exceeds batch_seq_len"),
+        (
+            "{uuid: u1, batch_seq_len: 8, atol: 0.01, rtol: 0.05}",
+            r"workloads\[1\] \(uuid u1\): field 'num_tokens': Field required",
+        ),
+        (
+            "{uuid: u1, batch_seq_len: 8, num_tokens: -3, atol: 0.01, rtol: 0.05}",
+            r"workloads\[1\] \(uuid u1\): field 'num_tokens'",
+        ),
+        (
+            "{uuid: u1, batch_seq_len: 8, num_tokens: 9, atol: 0.01, rtol: 0.05}",
+            r"workloads\[1\] \(uuid u1\).*exceeds batch_seq_len",
+        ),
         ("{uuid: u1, batch_seq_len: 8, num_tokens: 4, atol: 0.01, rtol: 0.05, tokens: 3}", r"field 'tokens': Extra inputs"),
         ("{uuid: u1, batch_seq_len: eight, num_tokens: 4, atol: 0.01, rtol: 0.05}", r"field 'batch_seq_len'"),
         ("{uuid: u0, batch_seq_len: 8, num_tokens: 4, atol: 0.01, rtol: 0.05}", r"duplicate uuid u0"),

@@ -80,7 +80,9 @@ def statuses(tmp_path: Path, device: str, name: str, partial: bool = False) -> l
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU run of the adversaries; the GPU run is test_adversaries_on_gpu")
 def test_every_adversary_is_caught_on_cpu(tmp_path: Path) -> None:
-    result = bench(tmp_path, ",".join(EXPECTED), ADVERSARIES, "--suite", "smoke", "--run-timeout", "20", "--compile-timeout", "60")
+    result = bench(
+        tmp_path, ",".join(EXPECTED), ADVERSARIES, "--suite", "smoke", "--run-timeout", "20", "--compile-timeout", "60"
+    )
     assert result.exit_code == 1, result.output  # the run failed, and says so
     for name, expected in EXPECTED.items():
         workloads = statuses(tmp_path, "cpu", name)

@@ -73,8 +73,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workloads", required=True, help="comma-separated indices of the suite's workloads")
     parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
-    parser.add_argument("--variant", action="append", default=[],
-                        help="'name: field=value; ...' (repeatable; none: the plan alone, as a baseline for another tree)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="'name: field=value; ...' (repeatable; none: the plan alone, as a baseline for another tree)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default="plan_ab.jsonl")
     args = parser.parse_args()
@@ -103,7 +107,8 @@ def main() -> None:
             if expected is None:
                 expected = got
             differences = {
-                spec.name: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for spec, a, b in zip(OUTPUTS, got, expected)
+                spec.name: float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                for spec, a, b in zip(OUTPUTS, got, expected)
             }
             print(f"#{index} T={dims.num_tokens} {name}: largest relative difference from the plan's outputs {differences}")
         times: dict[str, list[float]] = {name: [] for name in plans}
@@ -115,7 +120,9 @@ def main() -> None:
                     row = {"index": index, "B": dims.batch_seq_len, "T": dims.num_tokens, "variant": name, "rep": rep, "us": us}
                     handle.write(json.dumps(row) + "\n")
         for name, values in times.items():
-            print(f"#{index} T={dims.num_tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})")
+            print(
+                f"#{index} T={dims.num_tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})"
+            )
         del inputs, arguments, outputs
         torch.cuda.empty_cache()
 

@@ -79,7 +79,9 @@ def stage_errors(p) -> dict[str, Callable[[object], float]]:
     return {
         "dh_swiglu": lambda q: relative_error(q.dd[:T], dd_ref),
         "grad_w2": lambda q: relative_error(o["grad_w2_weight"], grad_w2_ref),
-        "grad_w13": lambda q: max(relative_error(o["grad_w1_weight"], grad_w1_ref), relative_error(o["grad_w3_weight"], grad_w3_ref)),
+        "grad_w13": lambda q: max(
+            relative_error(o["grad_w1_weight"], grad_w1_ref), relative_error(o["grad_w3_weight"], grad_w3_ref)
+        ),
         "dx": lambda q: relative_error(q.partials.float().sum(0), dx_ref),
     }
 
