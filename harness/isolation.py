@@ -36,6 +36,7 @@ from harness.registry import get_solution
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
 from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
+from harness.worker import job_setup
 from harness.workloads import Suite, Workload
 
 LOG_TAIL_CHARS = 2000
@@ -63,14 +64,7 @@ class Worker:
     ):
         self.solution = solution
         self.visible_gpu = visible_gpu
-        self.setup = {
-            "solution": solution,
-            "solutions_dir": str(solutions_dir),
-            "device": device,
-            "options": asdict(options),
-            "results_dir": str(results_dir),
-            "suite": suite.model_dump(mode="json"),
-        }
+        self.setup = job_setup(solution, solutions_dir, device, options, results_dir, suite)
         self.timeouts = timeouts
         self.busy_seconds = 0.0
         self.finished: BenchResult | None = None

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,9 +33,9 @@ from harness import provenance
 from harness.isolation import Timeouts, Worker
 from harness.registry import get_solution
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
-from harness.runner import Baseline, Bench, BenchOptions, Scorer, bench_config, solution_record
+from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
-from harness.timing import TimingConfig
+from harness.worker import bench_from_setup, job_setup
 from harness.workloads import Suite, Workload
 
 
@@ -44,6 +44,36 @@ class Job:
     solution: str
     workload: Workload
     index: int  # the workload's index in the suite
+
+
+class Collected:
+    """What the jobs of a run have given so far, per solution: workload results, worker summaries and busy seconds,
+    and the baseline's T_b per workload as its results come in. Thread-safe."""
+
+    def __init__(self, solutions: list[str], baseline: dict[str, Baseline], on_done: Callable[[str, WorkloadResult], None]):
+        self.results: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
+        self.summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
+        self.busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
+        self.baseline = baseline
+        self._on_done = on_done
+        self._lock = threading.Lock()
+
+    def baseline_of(self, workload: Workload) -> Baseline | None:
+        with self._lock:
+            return self.baseline.get(workload.uuid)
+
+    def result(self, job: Job, result: WorkloadResult) -> None:
+        with self._lock:
+            self.results[job.solution].append(result)
+            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
+                self.baseline[job.workload.uuid] = Baseline.of(result)
+            self._on_done(job.solution, result)
+
+    def summary(self, solution: str, summary: BenchResult | None, busy_seconds: float) -> None:
+        with self._lock:
+            self.busy[solution] += busy_seconds
+            if summary is not None:
+                self.summaries[solution].append(summary)
 
 
 def jobs_for(solutions: list[str], suite: Suite, workloads: list[Workload]) -> list[Job]:
@@ -97,11 +127,7 @@ def run_local(
     jobs: queue.Queue[Job] = queue.Queue()
     for job in jobs_for(solutions, suite, workloads):
         jobs.put(job)
-    done: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
-    summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
-    busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
-    baseline = scorer.baseline_from_file()
-    lock = threading.Lock()
+    collected = Collected(solutions, scorer.baseline_from_file(), on_done)
 
     def slot(index: int, device: Slot) -> None:
         workers: dict[str, Worker] = {}
@@ -116,21 +142,12 @@ def run_local(
                     job.solution, solutions_dir, device.device, options, results_dir, suite, timeouts, device.visible_gpu
                 )
                 worker.start()
-            with lock:
-                known = baseline.get(job.workload.uuid)
+            known = collected.baseline_of(job.workload)
             result = worker.workload(job.workload, job.index, known, scorer.for_solution(job.solution))
             result.device_index = index
-            with lock:
-                done[job.solution].append(result)
-                if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
-                    baseline[job.workload.uuid] = Baseline.of(result)
-                on_done(job.solution, result)
+            collected.result(job, result)
         for name, worker in workers.items():
-            summary = worker.finish()
-            with lock:
-                busy[name] += worker.busy_seconds
-                if summary is not None:
-                    summaries[name].append(summary)
+            collected.summary(name, worker.finish(), worker.busy_seconds)
             worker.log.unlink(missing_ok=True)
 
     threads = [threading.Thread(target=slot, args=(i, device), daemon=True) for i, device in enumerate(devices)]
@@ -138,7 +155,7 @@ def run_local(
         thread.start()
     for thread in threads:
         thread.join()
-    return merge(solutions, solutions_dir, suite, options, scorer, done, summaries, busy, baseline)
+    return merge(solutions, solutions_dir, suite, options, scorer, collected)
 
 
 def merge(
@@ -147,16 +164,13 @@ def merge(
     suite: Suite,
     options: BenchOptions,
     scorer: Scorer,
-    done: dict[str, list[WorkloadResult]],
-    summaries: dict[str, list[BenchResult]],
-    busy: dict[str, float],
-    baseline: dict[str, Baseline],
+    collected: Collected,
 ) -> dict[str, BenchResult]:
     """One BenchResult per solution, as a one-device run writes it: workloads in suite order, T_b from the baseline
     of this run (or its file) and the verdicts re-derived, every device's provenance beside the first's."""
     merged = {}
     for name in solutions:
-        own = sorted(summaries[name], key=lambda s: s.provenance.timestamp)
+        own = sorted(collected.summaries[name], key=lambda s: s.provenance.timestamp)
         result = own[0] if own else BenchResult(
             solution=solution_record(get_solution(name, solutions_dir)),
             config=bench_config(suite, options),
@@ -165,15 +179,15 @@ def merge(
             workloads=[],
         )  # fmt: skip
         rescore = scorer.for_solution(name).rescore
-        workloads = sorted(done[name], key=lambda w: w.index)
+        workloads = sorted(collected.results[name], key=lambda w: w.index)
         for w in workloads:
-            known = baseline.get(w.uuid)
+            known = collected.baseline.get(w.uuid)
             if known is not None and name != BASELINE_SOLUTION:
                 w.baseline_us, w.device_baseline_us = known.latency_us, known.device_us
             rescore(w)
         result.workloads = workloads
         result.devices = [s.provenance for s in own]
-        result.duration_s = busy[name]
+        result.duration_s = collected.busy[name]
         merged[name] = result
     return merged
 
@@ -184,12 +198,7 @@ def merge(
 def run_one_job(setup: dict, uuid: str) -> str:
     """One job in the calling process (a Ray task's): the solution loaded, the workload measured, the summary with its
     one result as JSON."""
-    suite = Suite.model_validate(setup["suite"])
-    raw = setup["options"]
-    options = BenchOptions(**{**raw, "timing": TimingConfig(**raw["timing"])})
-    solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
-    bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
-    bench.start()
+    suite, bench = bench_from_setup(setup)
     workload = next(w for w in suite.workloads if w.uuid == uuid)
     result = bench.workload(suite, workload)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if setup["device"] == "cuda" else ""
@@ -219,10 +228,7 @@ def run_ray(
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     gpus = 1 if device_type == "cuda" else 0
     task = ray.remote(num_gpus=gpus, num_cpus=1, max_calls=1, max_retries=0)(run_one_job)
-    baseline = scorer.baseline_from_file()
-    done: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
-    summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
-    busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
+    collected = Collected(solutions, scorer.baseline_from_file(), on_done)
     # As many tasks in flight as the cluster has devices for, so that each one's clock starts when it can run.
     slots = max(1, int(ray.cluster_resources().get("GPU" if gpus else "CPU", 1)))
     waiting = jobs_for(solutions, suite, workloads)
@@ -231,10 +237,7 @@ def run_ray(
     while waiting or pending:
         while waiting and len(pending) < slots:
             job = waiting.pop(0)
-            setup = {
-                "solution": job.solution, "solutions_dir": str(solutions_dir), "device": device_type,
-                "options": asdict(options), "results_dir": str(results_dir), "suite": suite.model_dump(mode="json"),
-            }  # fmt: skip
+            setup = job_setup(job.solution, solutions_dir, device_type, options, results_dir, suite)
             pending[task.remote(setup, job.workload.uuid)] = (job, time.perf_counter())
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
         now = time.perf_counter()
@@ -242,14 +245,10 @@ def run_ray(
             job = pending.pop(ref)[0]
             result = _ray_result(ray, ref, job, scorer, limit, ready)
             if isinstance(result, BenchResult):
-                summaries[job.solution].append(result)
-                busy[job.solution] += result.duration_s
+                collected.summary(job.solution, result, result.duration_s)
                 result = result.workloads[0]
-            done[job.solution].append(result)
-            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
-                baseline[job.workload.uuid] = Baseline.of(result)
-            on_done(job.solution, result)
-    return merge(solutions, solutions_dir, suite, options, scorer, done, summaries, busy, baseline)
+            collected.result(job, result)
+    return merge(solutions, solutions_dir, suite, options, scorer, collected)
 
 
 def _ray_result(ray, ref, job: Job, scorer: Scorer, limit: float, ready: list) -> BenchResult | WorkloadResult:

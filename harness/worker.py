@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -19,6 +20,29 @@ from harness.registry import get_solution
 from harness.runner import Baseline, Bench, BenchOptions
 from harness.timing import TimingConfig
 from harness.workloads import Suite
+
+
+def job_setup(solution: str, solutions_dir: Path, device: str, options: BenchOptions, results_dir: Path, suite: Suite) -> dict:
+    """What a process needs to bench one solution, as JSON-ready values (a worker's setup message, a Ray task's
+    argument)."""
+    return {
+        "solution": solution,
+        "solutions_dir": str(solutions_dir),
+        "device": device,
+        "options": asdict(options),
+        "results_dir": str(results_dir),
+        "suite": suite.model_dump(mode="json"),
+    }
+
+
+def bench_from_setup(setup: dict) -> tuple[Suite, Bench]:
+    """The suite and the started Bench (the solution loaded) that a job_setup describes."""
+    raw = setup["options"]
+    options = BenchOptions(**{**raw, "timing": TimingConfig(**raw["timing"])})
+    solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
+    bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
+    bench.start()
+    return Suite.model_validate(setup["suite"]), bench
 
 
 def main(command_fd: int, result_fd: int) -> int:
@@ -32,12 +56,7 @@ def main(command_fd: int, result_fd: int) -> int:
         results.flush()
 
     try:
-        suite = Suite.model_validate(setup["suite"])
-        raw = setup["options"]
-        options = BenchOptions(**{**raw, "timing": TimingConfig(**raw["timing"])})
-        solution = get_solution(setup["solution"], Path(setup["solutions_dir"]))
-        bench = Bench(solution, torch.device(setup["device"]), options, Path(setup["results_dir"]))
-        bench.start()
+        suite, bench = bench_from_setup(setup)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which marks the workloads
         send({"error": f"{type(exc).__name__}: {exc}"})
         return 1
