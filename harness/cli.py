@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -229,6 +230,8 @@ def bench(
             console.print(
                 f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]"
             )
+        elif (reason := sol.unavailable_reason()) is not None:
+            console.print(f"[yellow]{escape(reason)}: every workload is SKIPPED.[/yellow]", highlight=False)
 
     label = ", ".join(sol.name for sol in solutions)
     with Progress(
@@ -300,7 +303,11 @@ def list_cmd(
     for column in ("name", "language", "devices", "description"):
         table.add_column(column, no_wrap=column != "description")
     for sol in solutions.values():
-        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices), _one_line(sol.spec.description))
+        reason = sol.unavailable_reason()
+        description = (
+            f"[yellow]unavailable[/yellow]: {escape(_one_line(reason, 200))}" if reason else _one_line(sol.spec.description)
+        )
+        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices), description)
     for name, problem in broken.items():
         table.add_row(name, "[red]invalid[/red]", "", _one_line(problem, 200))
     console.print(table)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.util
 import io
 import sys
 import tokenize
@@ -46,6 +47,10 @@ class SolutionSpec(BaseModel):
     devices: list[Literal["cpu", "cuda"]] = Field(min_length=1)
     entry_point: str = "solution.py::run"
     destination_passing_style: bool = True
+    # Python modules beyond the core dependencies, and the project's optional extra that installs them: without
+    # them the solution is listed as unavailable and its workloads are SKIPPED, never an import error.
+    requires: list[str] = []
+    extra: str | None = None
 
     @field_validator("entry_point")
     @classmethod
@@ -128,6 +133,14 @@ class Solution:
 
     def runs_on(self, device_type: str) -> bool:
         return device_type in self.spec.devices
+
+    def unavailable_reason(self) -> str | None:
+        """Why the solution cannot be imported here (a required module is missing), or None."""
+        missing = [module for module in self.spec.requires if importlib.util.find_spec(module) is None]
+        if not missing:
+            return None
+        install = f": pip install -e '.[{self.spec.extra}]'" if self.spec.extra else ""
+        return f"solution '{self.name}' needs the Python module(s) {', '.join(missing)}, not installed here{install}"
 
     def load_entry_point(self) -> Callable[..., object]:
         """Import the entry point's module as `harness_solutions.<name>.<file>`.

@@ -508,6 +508,8 @@ class Bench:
                 Status.SKIPPED,
                 f"solution '{self.solution.name}' runs on {where} only; this run is on {self.device.type}",
             )
+        if (reason := self.solution.unavailable_reason()) is not None:
+            return None, (Status.SKIPPED, reason)
         try:
             return SolutionCaller(self.solution, self.solution.load_entry_point()), None
         except Exception as exc:  # noqa: BLE001 - an import or syntax error in the solution is reported per workload

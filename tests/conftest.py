@@ -29,12 +29,12 @@ def make_solution(tmp_path: Path):
     """Write a solution folder (solution.yaml + solution.py) under tmp_path/solutions and return that folder."""
     root = tmp_path / "solutions"
 
-    def make(name: str, body: str, dps: bool = True, devices: str = "[cpu, cuda]") -> Path:
+    def make(name: str, body: str, dps: bool = True, devices: str = "[cpu, cuda]", extra_yaml: str = "") -> Path:
         folder = root / name
         folder.mkdir(parents=True)
         (folder / "solution.yaml").write_text(
             f"name: {name}\ndescription: test solution {name}\nauthor: tests\nlanguage: python\n"
-            f"devices: {devices}\ndestination_passing_style: {str(dps).lower()}\n"
+            f"devices: {devices}\ndestination_passing_style: {str(dps).lower()}\n{extra_yaml}"
         )
         (folder / "solution.py").write_text(textwrap.dedent(body))
         return root

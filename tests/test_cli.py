@@ -234,3 +234,9 @@ def test_readme_table_is_what_the_committed_results_generate() -> None:
 def test_help_shows_flags_without_a_type() -> None:
     result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "--kernels" in result.output and "<bool>" not in result.output
+
+
+def test_list_marks_a_solution_whose_extra_is_not_installed(make_solution) -> None:
+    root = make_solution("peer", "def run(*tensors):\n    pass\n", extra_yaml="requires: [not_installed_peer_xyz]\nextra: peer\n")
+    listed = invoke("list", "--solutions-dir", str(root))
+    assert listed.exit_code == 0 and "unavailable" in listed.output and "pip install -e '.[peer]'" in listed.output

@@ -121,6 +121,16 @@ def test_cuda_only_solution_is_skipped_on_cpu(make_solution) -> None:
     assert "runs on cuda only" in result.workloads[0].message
 
 
+def test_solution_missing_a_required_module_is_skipped_not_an_import_error(make_solution) -> None:
+    body = "import not_installed_peer_xyz\n" + TEMPLATE.format(sabotage="")
+    root = make_solution("peer", body, extra_yaml="requires: [not_installed_peer_xyz]\nextra: peer\n")
+    result = bench(root, "peer").run(SMOKE, SMOKE.workloads[:2])
+    assert [w.status for w in result.workloads] == [Status.SKIPPED] * 2
+    assert result.workloads[0].message == (
+        "solution 'peer' needs the Python module(s) not_installed_peer_xyz, not installed here: pip install -e '.[peer]'"
+    )
+
+
 @pytest.mark.parametrize(
     ("after_the_trials", "expected", "wording"),
     [

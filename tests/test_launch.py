@@ -73,7 +73,7 @@ def test_replay_puts_in_each_calls_tensors_and_keeps_the_rest() -> None:
     launch = launch_module()
     kernel, scratch = Kernel(), torch.zeros(8)
     first = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram(first)
+    program = launch.CallProgram()
     call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
     assert program.recorded and len(program.operations) == 1
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
@@ -91,18 +91,32 @@ def test_a_view_of_a_calls_tensor_leaves_the_program_unrecorded() -> None:
     launch = launch_module()
     kernel = Kernel()
     tensors = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram(tensors)
+    program = launch.CallProgram()
     program.begin(tensors)
     program.launch(kernel, (1,), None, Stream(), tensors[0][1:], Descriptor(tensors[1], [2]), torch.zeros(2), 1)
     program.end()
     assert not program.recorded and program.operations == []
 
 
+def test_launches_outside_a_call_are_not_kept() -> None:
+    """A context's kernels launched outside begin and end (a test or a sweep driving one stage) are not recorded:
+    nothing accumulates, and the first call still records."""
+    launch = launch_module()
+    kernel, scratch = Kernel(), torch.zeros(8)
+    tensors = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    for _ in range(3):
+        program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
+    assert program.operations == [] and not program.recorded
+    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    assert program.recorded and len(program.operations) == 1
+
+
 def test_a_call_that_raised_leaves_nothing_recorded() -> None:
     launch = launch_module()
     kernel, scratch = Kernel(), torch.zeros(8)
     tensors = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram(tensors)
+    program = launch.CallProgram()
     program.begin(tensors)
     program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
     # the call raised here: no end(); the next call records afresh
@@ -147,7 +161,7 @@ def test_replay_through_the_entry_point_flattens_as_the_launcher_does() -> None:
     kernel, scratch = Kernel(), torch.zeros(8)
     kernel.compiled.run = CudaLauncher(kernel.log)
     first = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram(first)
+    program = launch.CallProgram()
     call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
     assert program.operations[0].entry is not None
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]

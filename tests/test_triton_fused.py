@@ -28,6 +28,28 @@ def solution_module():
     return sys.modules[run.__module__]
 
 
+def plan_types(module):
+    """The plan module (plan.py) of a loaded solution module."""
+    return sys.modules[f"{module.__package__}.plan"]
+
+
+def with_schedule(plan, **changes):
+    return dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, **changes))
+
+
+def tile(module, m: int, n: int, k: int, warps: int, stages: int, *rest) -> object:
+    """A Tile from its fields in order (the tests' shorthand)."""
+    names = ("epilogue_split", "programs_per_sm", "flatten", "group_m")
+    return plan_types(module).Tile(block_m=m, block_n=n, block_k=k, num_warps=warps, num_stages=stages, **dict(zip(names, rest)))
+
+
+# Triton kernels' tiles for comparisons against the Gluon kernels where a bucket's plan has none.
+DH_WIDE = (128, 256, 64, 8, 4, 4)
+DX_WIDE = (128, 256, 64, 8, 4)
+WGRAD_WIDE = (128, 256, 64, 8, 4, 2, 1, True)
+WGRAD_PAIR = (128, 128, 64, 4, 3, 2, 2, True)
+
+
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:
     """The five outputs of one problem, unwritten, on the GPU."""
     return {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
@@ -54,13 +76,14 @@ def interpreted():
 
 
 def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_sm: int = 0):
-    """Tiny tiles; epilogue_split (at most 2 for the weight gradients) and programs_per_sm apply to dh_swiglu
-    and the weight gradients (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each
+    """Triton's kernels in tiny tiles; epilogue_split (at most 2 for the weight gradients) and programs_per_sm apply to
+    dh_swiglu and the weight gradients (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each
     program walk several tiles)."""
-    tile = module.Tile
-    wgrad = tile(32, 32, 16, 1, 1, min(epilogue_split, 2), programs_per_sm, programs_per_sm > 0)
-    dh = tile(16, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0)
-    return module.Plan(dh, wgrad, wgrad, tile(16, 32, 16, 1, 1), dx_split)
+    types = plan_types(module)
+    wgrad = types.TritonWeightGrad(tile(module, 32, 32, 16, 1, 1, min(epilogue_split, 2), programs_per_sm, programs_per_sm > 0))
+    dh = types.TritonDh(tile(module, 16, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0))
+    dx = types.TritonDx(tile=tile(module, 16, 32, 16, 1, 1), split=dx_split)
+    return types.Plan(dh=dh, grad_w2=wgrad, grad_w13=wgrad, dx=dx)
 
 
 CASES = [  # (B, T, H, F): one token, T = B, odd T over several M tiles, B and T multiples of no tile, F too
@@ -130,23 +153,21 @@ def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
 def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: bool) -> None:
     """dh reading the gather's contiguous copy of its rows by TMA, or gathering them itself (the gather then writes
     ge only); T = 33 ends inside a 16-row tile, whose rows past T have no token index to load."""
-    plan = dataclasses.replace(small_plan(interpreted), dh_gathers_rows=dh_gathers_rows)
+    plan = small_plan(interpreted)
+    plan = dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, gathers_rows=dh_gathers_rows))
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
 
 
 @pytest.mark.parametrize(
     ("x16_at", "zeros_at"),
-    [("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"), ("after_gather", "after_grad_w2"), ("after_dh", "last"),
+    [("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"), ("after_gather", "after_grad_w2"),
      ("after_dh", "after_dx")],
 )  # fmt: skip
 def test_x16_and_zeros_placements(interpreted, x16_at: str, zeros_at: str) -> None:
-    """routing_x16 and zero_unselected issued where Plan.x16_at and Plan.zeros_at say: grad_w1/grad_w3 and scatter,
-    which read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33). The zeros
-    behind dx need both of dx's halves on the caller's stream."""
-    plan = dataclasses.replace(small_plan(interpreted), x16_at=x16_at, zeros_at=zeros_at)
-    if zeros_at == "after_dx":
-        plan = dataclasses.replace(plan, dx_on_side=(False, False))
+    """routing_x16 and zero_unselected issued where Schedule.x16_at and Schedule.zeros_at say: grad_w1/grad_w3 and
+    scatter, which read x16 and the routing sums, and the unselected rows still come out right (B = 50 > T = 33)."""
+    plan = with_schedule(small_plan(interpreted), x16_at=x16_at, zeros_at=zeros_at)
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
 
@@ -156,15 +177,20 @@ def test_x16_and_zeros_placements(interpreted, x16_at: str, zeros_at: str) -> No
     [
         ({"x16_at": "last"}, "x16_at must be one of"),
         ({"zeros_at": "after_gather"}, "zeros_at must be one of"),
-        ({"zeros_at": "last", "scatter_on_side": True}, "zeros_at 'last'"),
+        ({"scatter_at": "first"}, "scatter_at must be one of"),
         ({"zeros_at": "after_dx", "dx_on_side": (False, True)}, "zeros_at 'after_dx'"),
-        ({"x16_at": "after_gather", "dh_gathers_rows": True}, "x16_at 'after_gather'"),
+        ({"scatter_at": "after_dx", "dx_on_side": (True, False)}, "scatter_at 'after_dx'"),
     ],
 )
-def test_impossible_x16_or_zeros_placement_is_refused(interpreted, changes: dict, message: str) -> None:
-    plan = dataclasses.replace(small_plan(interpreted), **changes)
+def test_impossible_schedule_is_refused(interpreted, changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+        with_schedule(small_plan(interpreted), **changes)
+
+
+def test_x16_behind_the_gather_needs_the_gather_on_the_callers_stream(interpreted) -> None:
+    plan = small_plan(interpreted)
+    with pytest.raises(ValueError, match="x16_at 'after_gather'"):
+        dataclasses.replace(with_schedule(plan, x16_at="after_gather"), dh=dataclasses.replace(plan.dh, gathers_rows=True))
 
 
 @pytest.mark.parametrize("group_m", [1, 2, 4])
@@ -172,8 +198,9 @@ def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
     """Grouped tile orders of the persistent weight gradients (F = 128, 32-row tiles: 8 rows of tiles for
     [grad_w1; grad_w3], 4 of them grad_w1's; 2 for grad_w2): every order covers every tile once."""
     plan = small_plan(interpreted, programs_per_sm=1)
-    plan = dataclasses.replace(plan, grad_w2=dataclasses.replace(plan.grad_w2, group_m=0),
-                               grad_w13=dataclasses.replace(plan.grad_w13, group_m=group_m))  # fmt: skip
+    grouped = {name: dataclasses.replace(getattr(plan, name), tile=dataclasses.replace(getattr(plan, name).tile, group_m=group))
+               for name, group in (("grad_w2", 0), ("grad_w13", group_m))}  # fmt: skip
+    plan = dataclasses.replace(plan, **grouped)
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 128), torch.float32, torch.float32, plan=plan)
     assert_match_in_float32(outputs, expected)
 
@@ -181,7 +208,9 @@ def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
 def test_tile_group_must_not_straddle_the_two_weights(interpreted) -> None:
     """With F = 96 grad_w1 has 3 rows of 32-row tiles: groups of 2 would mix grad_w1 and grad_w3 rows."""
     plan = small_plan(interpreted, programs_per_sm=1)
-    plan = dataclasses.replace(plan, grad_w13=dataclasses.replace(plan.grad_w13, group_m=2))
+    plan = dataclasses.replace(
+        plan, grad_w13=dataclasses.replace(plan.grad_w13, tile=dataclasses.replace(plan.grad_w13.tile, group_m=2))
+    )
     with pytest.raises(ValueError, match="group_m 2 must divide the 3 rows"):
         run_interpreted(interpreted, Dims(50, 33, 64, 96), torch.float32, torch.float32, plan=plan)
 
@@ -261,7 +290,7 @@ def test_split_k_partials_sum_in_fixed_order(interpreted, dx_split: int) -> None
 
 @pytest.mark.parametrize("dims", [Dims(37, 19, 32, 192), Dims(16, 16, 32, 96)], ids=lambda d: f"T{d.num_tokens}")
 def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
-    """dx in one launch over both halves into the selected rows (Plan.dx_writes_rows: unsplit, or the last of a tile's
+    """dx in one launch over both halves into the selected rows (TritonDx.to_rows: unsplit, or the last of a tile's
     split programs adds the partials; no scatter, the routing weights finished behind routing_x16): every output
     matches the reference, the unselected rows are zeros, on one stream or with dx on the side stream, and with the
     gather first on the side stream where dh gathers its own rows (the 256 bucket's layout: dx's arrival counters,
@@ -269,11 +298,11 @@ def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
     layouts = ((1, (False, False), False), (1, (True, True), False), (2, (True, True), False), (3, (False, False), False),
                (2, (False, False), True))  # fmt: skip
     for dx_split, dx_on_side, dh_gathers_rows in layouts:
+        plan = small_plan(interpreted, dx_split=dx_split)
         plan = dataclasses.replace(
-            small_plan(interpreted, dx_split=dx_split),
-            dx_writes_rows=True,
-            dx_on_side=dx_on_side,
-            dh_gathers_rows=dh_gathers_rows,
+            with_schedule(plan, dx_on_side=dx_on_side),
+            dx=dataclasses.replace(plan.dx, to_rows=True),
+            dh=dataclasses.replace(plan.dh, gathers_rows=dh_gathers_rows),
         )
         outputs, expected = run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
         assert_match_in_float32(outputs, expected)
@@ -281,32 +310,21 @@ def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
 
 @pytest.mark.parametrize(
     "changes, message",
-    [
-        ({"dx_on_side": (True, False)}, "one stream"),
-        ({"scatter_on_side": True}, "no scatter"),
-        ({"dx_swap_ab": ((64,), 2)}, "not the swap-AB dx"),
-        ({"dx_grad_w13": (4,)}, "or dx with grad_w1/grad_w3"),
-    ],
-    ids=["halves-on-two-streams", "scatter-on-side", "swap-ab-dx", "dx-with-weight-gradients"],
+    [({"dx_on_side": (True, False)}, "one stream"), ({"scatter_at": "side"}, "no scatter")],
+    ids=["halves-on-two-streams", "scatter-on-side"],
 )  # fmt: skip
 def test_dx_into_rows_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
-    if "dx_swap_ab" in changes:
-        changes = {"dx_swap_ab": interpreted.SwapAbDx(*changes["dx_swap_ab"])}
-    if "dx_grad_w13" in changes:
-        changes = {"dx_grad_w13": interpreted.WarpSpecializedDxGradW13(*changes["dx_grad_w13"])}
-    plan = dataclasses.replace(small_plan(interpreted, dx_split=1), dx_writes_rows=True, **changes)
+    plan = small_plan(interpreted, dx_split=1)
     with pytest.raises(ValueError, match=message):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
+        dataclasses.replace(with_schedule(plan, **changes), dx=dataclasses.replace(plan.dx, to_rows=True))
 
 
 def test_scatter_right_behind_dx(interpreted) -> None:
-    """Plan.scatter_after_dx: scatter behind both halves of dx on the caller's stream gives the reference's outputs,
-    and a plan that puts a half of dx on the side stream is refused."""
+    """Schedule.scatter_at 'after_dx': scatter behind both halves of dx on the caller's stream gives the reference's
+    outputs."""
     dims = Dims(37, 19, 32, 128)
-    plan = dataclasses.replace(small_plan(interpreted), dx_on_side=(False, False), grad_w13_on_side=True, scatter_after_dx=True)
+    plan = with_schedule(small_plan(interpreted), grad_w13_on_side=True, scatter_at="after_dx")
     assert_match_in_float32(*run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan))
-    with pytest.raises(ValueError, match="scatter_after_dx"):
-        run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=dataclasses.replace(plan, dx_on_side=(True, False)))
 
 
 def test_half_precision_path(interpreted) -> None:
@@ -321,51 +339,47 @@ def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(129) is interpreted.plan_for(224) and interpreted.plan_for(225) is interpreted.plan_for(256)
     assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
-    plan = dataclasses.replace(interpreted.plan_for(64), dx_split=4)
-    assert plan.dx.block_k == 64 and interpreted.dx_split_for(plan, 14336) == 4
-    assert interpreted.dx_split_for(plan, 384) == 3  # 384 = 6 steps of 64: the largest split <= 4 dividing it
+    plan = interpreted.plan_for(64)
+    plan = dataclasses.replace(plan, dx=dataclasses.replace(plan.dx, split=4))
+    assert plan.dx_k_step() == 64 and plan.dx_split(14336) == 4
+    assert plan.dx_split(384) == 3  # 384 = 6 steps of 64: the largest split <= 4 dividing it
     fused = interpreted.plan_for(128)
-    assert fused is interpreted.plan_for(65) and fused.dx_grad_w13 is not None and interpreted.dx_split_for(fused, 320) == 1
+    assert (
+        fused is interpreted.plan_for(65)
+        and isinstance(fused.dx, plan_types(interpreted).FusedDxGradW13)
+        and fused.dx_split(320) == 1
+    )
 
 
-def test_warp_specialized_dh_needs_a_gpu_and_the_gathered_rows(interpreted) -> None:
-    """The Gluon dh has no CPU interpreter and reads the gathered copy of g: plans that ask otherwise fail clearly."""
-    gluon_dh = interpreted.WarpSpecializedDh(16, 2, 16, 1)
+def test_warp_specialized_dh_needs_a_gpu(interpreted) -> None:
+    """The Gluon dh has no CPU interpreter: a plan that asks for it on the CPU fails clearly."""
+    gluon_dh = plan_types(interpreted).GluonDh(block_k=16, stages=2, act_width=16, act_buffers=1)
     with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
-                        plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh))  # fmt: skip
-    with pytest.raises(ValueError, match="cannot gather its own rows"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
-                        plan=dataclasses.replace(small_plan(interpreted), dh_warp_specialized=gluon_dh, dh_gathers_rows=True))  # fmt: skip
-    with pytest.raises(ValueError, match="programmatic launch of dh behind the gather needs the warp-specialised dh"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
-                        plan=dataclasses.replace(small_plan(interpreted), dh_programmatic_launch=True))  # fmt: skip
+                        plan=dataclasses.replace(small_plan(interpreted), dh=gluon_dh))  # fmt: skip
 
 
-@pytest.mark.parametrize("field", ["grad_w13_warp_specialized", "grad_w2_warp_specialized"])
+@pytest.mark.parametrize("field", ["grad_w13", "grad_w2"])
 def test_warp_specialized_weight_gradient_needs_a_gpu(interpreted, field: str) -> None:
-    plan = dataclasses.replace(small_plan(interpreted), **{field: interpreted.WarpSpecializedWeightGrad(4)})
+    plan = dataclasses.replace(small_plan(interpreted), **{field: plan_types(interpreted).GluonWeightGrad()})
     with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
 @pytest.mark.parametrize(
-    ("field", "options", "dims", "message"),
-    [
-        # B's resident slab holds four K steps of 64 tokens: asked for at T > 256
-        ("grad_w13_warp_specialized", {"b_resident": True}, Dims(300, 257, 32, 96), "resident B holds 4 K steps of 64 tokens, not 5"),
-        ("grad_w13_warp_specialized", {"b_resident": True, "dynamic": True}, Dims(16, 16, 32, 96), "claimed one by one"),
-        ("grad_w2_warp_specialized", {"dynamic": True, "programs": -1}, Dims(16, 16, 32, 96), "programs must be 0"),
-    ],
-    ids=["resident-slab-too-small", "claimed-and-resident", "negative-programs"],
+    ("options", "message"),
+    [({"b_resident": True, "dynamic": True}, "claimed one by one"), ({"dynamic": True, "programs": -1}, "programs must be 0")],
+    ids=["claimed-and-resident", "negative-programs"],
 )  # fmt: skip
-def test_impossible_weight_gradient_configuration_is_refused(interpreted, field: str, options: dict, dims: Dims,
-                                                             message: str) -> None:  # fmt: skip
-    """A Gluon weight gradient configured beyond what its kernel can run fails with a clear error before any launch
-    (and before the check that the CPU interpreter cannot run Gluon kernels)."""
-    plan = dataclasses.replace(small_plan(interpreted), **{field: interpreted.WarpSpecializedWeightGrad(4, **options)})
+def test_impossible_weight_gradient_configuration_is_refused(interpreted, options: dict, message: str) -> None:
+    """A Gluon weight gradient configured beyond what its kernel can run is refused when it is made, and B's resident
+    slab, which holds four K steps of 64 tokens, when a plan asks for it at T > 256 (before any launch, and before the
+    check that the CPU interpreter cannot run Gluon kernels)."""
     with pytest.raises(ValueError, match=message):
-        run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
+        plan_types(interpreted).GluonWeightGrad(**options)
+    plan = dataclasses.replace(small_plan(interpreted), grad_w13=plan_types(interpreted).GluonWeightGrad(b_resident=True))
+    with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
+        run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
 @pytest.mark.parametrize("dx_to_rows", [False, True])
@@ -400,58 +414,57 @@ def test_more_counters_than_gather_programs_is_refused(interpreted) -> None:
 def test_grad_w2_last_step(interpreted) -> None:
     """The gather shifts ge's last block by the rows of grad_w2's last step: Triton's whole block_k, or the Gluon
     kernel's short step of 32 rows where at most 32 tokens are left, else its whole step of 64."""
-    triton_kernel = dataclasses.replace(interpreted.plan_for(256), grad_w2_warp_specialized=None)
-    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=interpreted.WarpSpecializedWeightGrad(4))
-    assert interpreted.grad_w2_last_step(triton_kernel, 196) == triton_kernel.grad_w2.block_k
-    assert [interpreted.grad_w2_last_step(gluon, t) for t in (196, 215, 224, 240, 296, 256, 20)] == [32, 32, 32, 64, 64, 64, 32]
+    gluon = interpreted.plan_for(256)
+    triton_kernel = dataclasses.replace(gluon, grad_w2=plan_types(interpreted).TritonWeightGrad(tile(interpreted, *WGRAD_PAIR)))
+    assert triton_kernel.grad_w2_last_step(196) == 64
+    assert [gluon.grad_w2_last_step(t) for t in (196, 215, 224, 240, 296, 256, 20)] == [32, 32, 32, 64, 64, 64, 32]
 
 
 def test_warp_specialized_dx_needs_a_gpu_and_triton_dh(interpreted) -> None:
     """The Gluon dx has no CPU interpreter, and the Gluon dh writes the bf16 copy of dd that only Triton's dx reads:
     plans that ask otherwise fail clearly."""
+    plan = small_plan(interpreted)
+    gluon_dx = dataclasses.replace(plan, dx=plan_types(interpreted).GluonDx(tile=plan.dx.tile, split=2))
     with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
-                        plan=dataclasses.replace(small_plan(interpreted), dx_warp_specialized=True))  # fmt: skip
+        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=gluon_dx)
     with pytest.raises(ValueError, match="needs Triton's dh"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32,
-                        plan=dataclasses.replace(small_plan(interpreted), dx_warp_specialized=True,
-                                                 dh_warp_specialized=interpreted.WarpSpecializedDh(16, 2, 16, 1)))  # fmt: skip
+        dataclasses.replace(gluon_dx, dh=plan_types(interpreted).GluonDh(block_k=16, stages=2, act_width=16, act_buffers=1))
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
-    [
-        ({"dx_warp_specialized": True}, "either the swap-AB kernel"),
-        ({"chunks": (256, 64, 32, 8)}, "one to three token chunks"),
-        ({"chunks": (96,)}, "powers of two from 8 to 256"),
-        ({}, "Triton's CPU interpreter cannot run it"),
-    ],
+    [({"chunks": (256, 64, 32, 8)}, "one to three token chunks"), ({"chunks": (96,)}, "powers of two from 8 to 256")],
 )
 def test_swap_ab_dx_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
-    """The swap-AB dx reads the bf16 copy (not with the warp-specialised dx), takes one to three power-of-two token
-    chunks, and has no CPU interpreter: plans that ask otherwise fail clearly."""
-    swap_ab = interpreted.SwapAbDx(changes.pop("chunks", (16,)), 2)
-    plan = dataclasses.replace(small_plan(interpreted), dx_swap_ab=swap_ab, **changes)
+    """The swap-AB dx takes one to three power-of-two token chunks and has no CPU interpreter: plans that ask otherwise
+    fail clearly."""
     with pytest.raises(ValueError, match=message):
+        plan_types(interpreted).SwapAbDx(chunks=changes["chunks"], stages=2, split=2, block_k=16)
+    plan = dataclasses.replace(
+        small_plan(interpreted), dx=plan_types(interpreted).SwapAbDx(chunks=(16,), stages=2, split=2, block_k=16)
+    )
+    with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
 @pytest.mark.parametrize(
     ("dims", "changes", "message"),
     [
-        (Dims(16, 16, 32, 128), {"dx_warp_specialized": True}, "replaces the dx and grad_w1/grad_w3 kernels"),
         (Dims(200, 129, 32, 128), {}, "T = 129 must be at most that"),
         (Dims(16, 16, 32, 128), {"dh": (16, 32, 16, 1, 1)}, "dh's tiles of 16 rows must cover them"),
-        (Dims(16, 16, 32, 96), {}, "ffn_dim 96: it must be a multiple"),
+        (Dims(16, 16, 32, 96), {}, "ffn_dim 96 must be multiples"),
         (Dims(16, 16, 32, 128), {}, "Triton's CPU interpreter cannot run it"),
     ],
 )
 def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, dims: Dims, changes: dict, message: str) -> None:
-    """The Gluon kernel of dx with grad_w1/grad_w3 replaces the other dx and weight-gradient kernels, reads all the
-    tokens in one block of 128 rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU
-    interpreter: plans that ask otherwise fail clearly, before any launch."""
-    dh = interpreted.Tile(*changes.pop("dh", (128, 32, 16, 1, 1)))
-    plan = dataclasses.replace(small_plan(interpreted), dh=dh, dx_grad_w13=interpreted.WarpSpecializedDxGradW13(2), **changes)
+    """The Gluon kernel of dx with grad_w1/grad_w3 stands for the grad_w1/grad_w3 kernel too, reads all the tokens in
+    one block of 128 rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU interpreter:
+    plans that ask otherwise fail clearly, before any launch."""
+    dh = plan_types(interpreted).TritonDh(tile(interpreted, *changes.pop("dh", (128, 32, 16, 1, 1))))
+    fused = plan_types(interpreted).FusedDxGradW13(stages=2, split=2)
+    with pytest.raises(ValueError, match="grad_w13 is None exactly where dx is FusedDxGradW13"):
+        dataclasses.replace(small_plan(interpreted), dh=dh, dx=fused)
+    plan = dataclasses.replace(small_plan(interpreted), dh=dh, dx=fused, grad_w13=None)
     with pytest.raises(ValueError, match=message):
         run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
 
@@ -462,13 +475,13 @@ def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split:
     dims = Dims(50, 33, 64, 80)
     inputs = interpreted_inputs(dims, torch.float32)
     outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
-    tile = small_plan(interpreted, epilogue_split=epilogue_split).dh
+    dh_tile = small_plan(interpreted, epilogue_split=epilogue_split).dh.tile
     written = []
     for low_copy in (True, False):
         p = interpreted.Problem(inputs, outputs, torch.float32, 1, 16, low_copy)
         p.dd.fill_(float("nan"))
         interpreted.gather(p)
-        interpreted.dh_swiglu(p, tile)
+        interpreted.dh_swiglu(p, dh_tile)
         written.append(p.dd[: dims.num_tokens])
     assert (p.dd_low is None) and not written[1].isnan().any()
     assert torch.equal(written[0], written[1])
@@ -478,14 +491,13 @@ def test_the_bf16_copy_of_dd_exists_wherever_a_kernel_writes_or_reads_it() -> No
     """dd_low is allocated for Triton's and the swap-AB dx, which read it, and for the Gluon dh, which always writes
     it, also where the fused dx and grad_w1/grad_w3 (which reads the fp16 dd) follows; not for the Gluon dx alone."""
     module = solution_module()
-    gluon_dh = module.WarpSpecializedDh(64, 5, 16, 2, 128, fewest_programs=True)
+    gluon_dh = plan_types(module).GluonDh(block_k=64, stages=5, act_width=16, act_buffers=2, block_n=128, fewest_programs=True)
     fused_plan = module.plan_for(128)
-    assert fused_plan.dx_grad_w13 is not None and fused_plan.dh_warp_specialized is None
-    assert not module.needs_low_copy(fused_plan)
-    assert module.needs_low_copy(dataclasses.replace(fused_plan, dh_warp_specialized=gluon_dh, dh_gathers_rows=False))
-    assert not module.needs_low_copy(module.plan_for(256))  # the Gluon dx over the fp16 dd
-    assert module.needs_low_copy(module.plan_for(224))  # the swap-AB dx
-    assert module.needs_low_copy(module.plan_for(64)) and module.needs_low_copy(module.plan_for(2048))
+    assert isinstance(fused_plan.dx, plan_types(module).FusedDxGradW13) and not fused_plan.low_copy
+    assert dataclasses.replace(fused_plan, dh=gluon_dh).low_copy
+    assert not module.plan_for(256).low_copy  # the Gluon dx over the fp16 dd
+    assert module.plan_for(224).low_copy  # the swap-AB dx
+    assert module.plan_for(64).low_copy and module.plan_for(2048).low_copy
 
 
 @pytest.mark.gpu
@@ -502,7 +514,7 @@ def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
 def test_edges_suite_covers_both_sides_of_every_bucket(interpreted) -> None:
     """The edges suite, which the GPU test below checks, holds T = limit and limit + 1 of every bucket of the plans."""
     tokens = {w.num_tokens for w in load_named_suite("edges").workloads}
-    for limit, _ in interpreted.PLANS[:-1]:
+    for limit, _ in plan_types(interpreted).PLANS[:-1]:
         assert {limit, limit + 1} <= tokens, limit
 
 
@@ -574,13 +586,13 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
     plan = module.plan_for(dims.num_tokens)
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = cuda_outputs(dims)
-    p = module.Problem(inputs, outputs, torch.float16, 1, plan.grad_w2.block_k)
+    p = module.Problem(inputs, outputs, torch.float16, 1, 64)
     module.gather(p)
-    module.dh_swiglu(p, plan.dh)
+    module.dh_swiglu(p, tile(module, *DH_WIDE))
     expected = [p.dd.float(), p.dd_low.float()]
     p.dd.fill_(float("nan"))
     p.dd_low.fill_(float("nan"))
-    module.dh_swiglu_warp_specialized(p, plan.dh_warp_specialized)
+    module.dh_swiglu_warp_specialized(p, dataclasses.replace(plan.dh, after_gather=False))
     # dh rounded to fp16 (2^-11) can move the stored value by one unit of its last place: 2^-10 in fp16, 2^-7 in bf16
     for name, got, want, rtol in (("dd", p.dd.float(), expected[0], 2**-9), ("dd_low", p.dd_low.float(), expected[1], 2**-7)):
         assert not got.isnan().any(), f"{name}: rows or columns left unwritten"
@@ -591,13 +603,13 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(1721, 215), Dims(2048, 256), Dims(2689, 336)], ids=lambda d: f"T{d.num_tokens}")
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
-    """The streams only reorder work: placements of grad_w2, dx's halves, scatter (also right behind dx) and
-    grad_w1/grad_w3 on the two streams, the gather on either stream (Plan.dh_gathers_rows, where dh is Triton's
-    kernel), zero_unselected and routing_x16 where Plan.x16_at and Plan.zeros_at put them, or all of it on the caller's
-    stream, and the Gluon dh launched behind the gather as its programmatic dependent or not, must give the same bits
-    (a missing wait between the streams, or in dh for the gather, would read a buffer before it is written), as must
-    the Gluon dh on fewer programs than SMs (WarpSpecializedDh.fewest_programs) and the Gluon dx storing the selected
-    rows itself or leaving them to scatter (Plan.dx_writes_rows: the same fp32 sum of its two partials). T = 215:
+    """The streams only reorder work: placements of dx's halves, scatter (also right behind dx) and grad_w1/grad_w3
+    on the two streams, the gather on either stream (TritonDh.gathers_rows: dh first, the gather on the side stream),
+    zero_unselected and routing_x16 where the schedule puts them, or all of it on the caller's stream, and the Gluon dh
+    launched behind the gather as its programmatic dependent or not, must give the same bits (a missing wait between
+    the streams, or in dh for the gather, would read a buffer before it is written), as must the Gluon dh on fewer
+    programs than SMs (GluonDh.fewest_programs) and the Gluon dx storing the selected rows itself or leaving them to
+    scatter (GluonDx.to_rows: the same fp32 sum of its two partials). T = 215:
     Triton's dh gathering its own rows, the swap-AB dx and the Gluon grad_w1/grad_w3; T = 256: dx behind dh beside the
     weight gradients claiming their tiles on the side stream; T = 336: the Gluon dh, the swap-AB dx, scatter behind it
     (and the zeros behind it), grad_w1/grad_w3 claiming its tiles."""
@@ -605,13 +617,14 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
     plan = module.plan_for(dims.num_tokens)
+    types, s = plan_types(module), plan.schedule
     layouts = [plan] + [
-        dataclasses.replace(
+        with_schedule(
             plan,
             dx_on_side=dx_on_side,
             grad_w13_on_side=grad_w13_on_side,
-            scatter_on_side=scatter_on_side,
-            scatter_after_dx=False,
+            scatter_at=scatter_at,
+            zeros_at="start" if s.zeros_at == "after_dx" else s.zeros_at,
         )
         for dx_on_side, grad_w13_on_side in (
             ((False, False), True),
@@ -619,27 +632,26 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
             ((True, False), False),
             ((False, True), True),
         )
-        for scatter_on_side in (False, True)
+        for scatter_at in ("end", "side")
         # dx into the rows takes both halves on one stream and leaves no scatter
-        if not plan.dx_writes_rows or (dx_on_side[0] == dx_on_side[1] and not scatter_on_side)
+        if not plan.to_rows or (dx_on_side[0] == dx_on_side[1] and scatter_at == "end")
     ]
-    if plan.dx_warp_specialized:
-        layouts.append(dataclasses.replace(plan, dx_writes_rows=not plan.dx_writes_rows))
-    layouts.append(dataclasses.replace(plan, grad_w2_on_side=False))  # grad_w2 on the caller's stream waits for ge
-    if plan.dh_warp_specialized is None:
-        layouts.append(dataclasses.replace(plan, dh_gathers_rows=not plan.dh_gathers_rows))
+    if isinstance(plan.dx, types.GluonDx):
+        layouts.append(dataclasses.replace(plan, dx=dataclasses.replace(plan.dx, to_rows=not plan.dx.to_rows)))
+    if isinstance(plan.dh, types.TritonDh):
+        layouts.append(dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, gathers_rows=not plan.dh.gathers_rows)))
     else:  # dh launched behind the gather as a programmatic dependent, or not (its wait for the gather must hold)
-        layouts.append(dataclasses.replace(plan, dh_programmatic_launch=not plan.dh_programmatic_launch))
+        layouts.append(dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, after_gather=not plan.dh.after_gather)))
         # x16 behind the gather beside dh on the SMs its fewest programs leave free (the 2048 bucket's layout)
-        fewest = dataclasses.replace(plan.dh_warp_specialized, fewest_programs=True)
-        layouts.append(dataclasses.replace(plan, dh_warp_specialized=fewest, x16_at="after_gather", zeros_at="after_grad_w2"))
+        fewest = dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, fewest_programs=True))
+        layouts.append(with_schedule(fewest, x16_at="after_gather", zeros_at="after_grad_w2"))
     layouts += [
-        dataclasses.replace(plan, x16_at=x16_at, zeros_at=zeros_at)
-        for x16_at, zeros_at in (("start", "start"), ("start", "after_grad_w2"), ("after_dh", "last"))
-        if (x16_at, zeros_at) != (plan.x16_at, plan.zeros_at)
+        with_schedule(plan, x16_at=x16_at, zeros_at=zeros_at)
+        for x16_at, zeros_at in (("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"))
+        if (x16_at, zeros_at) != (s.x16_at, s.zeros_at)
     ]
-    if not any(plan.dx_on_side):
-        layouts.append(dataclasses.replace(plan, zeros_at="after_dx"))
+    if not any(s.dx_on_side):
+        layouts.append(with_schedule(plan, zeros_at="after_dx"))
     layouts.append(plan.on_one_stream())
     results = outputs_by_plan(module, inputs, outputs, layouts)
     for spec, *versions in zip(OUTPUTS, *results):
@@ -665,10 +677,15 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
-    triton_kernel = dataclasses.replace(module.plan_for(dims.num_tokens), grad_w2_warp_specialized=None)
-    gluon_kernel = module.WarpSpecializedWeightGrad(4, by_column, dynamic=dynamic)
-    gluon = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=gluon_kernel)
-    fewer = dataclasses.replace(triton_kernel, grad_w2_warp_specialized=dataclasses.replace(gluon_kernel, programs=88))
+    types, plan = plan_types(module), module.plan_for(dims.num_tokens)
+    # Triton's kernel in the tile the buckets gave it before they moved to the Gluon kernel
+    triton_tile = (128, 128, 64, 4, 4, 1, 1, True) if dims.num_tokens <= 64 else WGRAD_PAIR
+    if dims.num_tokens > 256:
+        triton_tile = (*WGRAD_WIDE, 0)  # column by column
+    triton_kernel = dataclasses.replace(plan, grad_w2=types.TritonWeightGrad(tile(module, *triton_tile)))
+    gluon_kernel = types.GluonWeightGrad(by_column=by_column, dynamic=dynamic)
+    gluon = dataclasses.replace(plan, grad_w2=gluon_kernel)
+    fewer = dataclasses.replace(plan, grad_w2=dataclasses.replace(gluon_kernel, programs=88))
     triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon, fewer))
     for call in gluon_calls:
         for spec, want, got in zip(OUTPUTS, triton_bits, call):
@@ -687,20 +704,20 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
     change column). T = 196 (4 tokens past 192), 215 (23), 240 (48: whole steps), 256, 20 (the short step alone), 64;
     F = 320 is not a multiple of 128 (one launch per weight)."""
     module = solution_module()
-    plan = module.plan_for(256)
+    types = plan_types(module)
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = cuda_outputs(dims)
-    p = module.Problem(inputs, outputs, torch.float16, 1, plan.grad_w2.block_k, False)
+    p = module.Problem(inputs, outputs, torch.float16, 1, 64, False)
     module.gather(p)
     module.routing_x16(p)
-    module.dh_swiglu(p, plan.dh)
+    module.dh_swiglu(p, tile(module, *DH_WIDE))
     names = ("grad_w1_weight", "grad_w3_weight")
-    module.grad_w13(p, plan.grad_w13)
+    module.grad_w13(p, types.TritonWeightGrad(tile(module, *WGRAD_WIDE)))
     expected = [outputs[name].clone() for name in names]
     for call in range(3):
         for name in names:
             outputs[name].fill_(float("nan"))
-        module.grad_w13(p, plan.grad_w13, module.WarpSpecializedWeightGrad(4, b_resident=b_resident))
+        module.grad_w13(p, types.GluonWeightGrad(b_resident=b_resident))
         for name, want in zip(names, expected):
             assert torch.equal(outputs[name], want), f"{name}, call {call}"
 
@@ -713,23 +730,24 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dx over the fp16 dd gives Triton's dx over the bf16 copy up to that copy's rounding (bf16 of fp16 of
     x against bf16 of x), as the same bits on every call. F = 320 has an odd number of K steps per split."""
     module = solution_module()
-    plan = module.plan_for(256)
-    assert plan.dx_warp_specialized
+    types = plan_types(module)
+    gluon_dx = types.GluonDx(tile=tile(module, *DX_WIDE), split=2)
+    triton_dx = types.TritonDx(tile=gluon_dx.tile, split=2)
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = cuda_outputs(dims)
-    p = module.Problem(inputs, outputs, torch.float16, module.dx_split_for(plan, dims.ffn_dim), plan.grad_w2.block_k)
-    assert (dims.ffn_dim // p.dx_split // plan.dx.block_k) % 2 == (dims.ffn_dim == 320)
+    p = module.Problem(inputs, outputs, torch.float16, module.plan_for(256).dx_split(dims.ffn_dim), 64)
+    assert (dims.ffn_dim // p.dx_split // gluon_dx.tile.block_k) % 2 == (dims.ffn_dim == 320)
     module.gather(p)
-    module.dh_swiglu(p, plan.dh)
-    module.dx(p, plan.dx)
+    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    module.dx(p, triton_dx)
     expected = p.partials.float().sum(0)
     p.partials.fill_(float("nan"))
-    module.dx(p, plan.dx, warp_specialized=True)
+    module.dx(p, gluon_dx)
     first = p.partials.clone()
     assert not first.isnan().any()
     torch.testing.assert_close(first.float().sum(0), expected, rtol=0, atol=1e-2 * float(expected.abs().max()))
     for _ in range(10):
-        module.dx(p, plan.dx, warp_specialized=True)
+        module.dx(p, gluon_dx)
         assert torch.equal(p.partials, first)
 
 
@@ -742,25 +760,26 @@ def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) ->
     accumulated in the same order) and Triton's dx over the bf16 copy up to that copy's rounding, as the same bits on
     every call. T = 65 pads 63 rows, T = 100 36; F = 320 splits into one slice of 5 K steps per weight."""
     module = solution_module()
-    plan = module.plan_for(dims.num_tokens)
-    assert plan.dx_grad_w13 is not None
+    types, plan = plan_types(module), module.plan_for(dims.num_tokens)
+    assert isinstance(plan.dx, types.FusedDxGradW13)
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = cuda_outputs(dims)
-    p = module.Problem(inputs, outputs, torch.float16, module.dx_split_for(plan, dims.ffn_dim), 64)
+    p = module.Problem(inputs, outputs, torch.float16, plan.dx_split(dims.ffn_dim), 64)
     module.gather(p, write_g=False)
     module.routing_x16(p)
-    module.dh_swiglu(p, plan.dh, gathered=False)
-    module.dx(p, plan.dx)
+    module.dh_swiglu(p, plan.dh.tile, gathered=False)
+    # Triton's dx and grad_w1/grad_w3 in the tiles the bucket gave them before the fused kernel
+    module.dx(p, types.TritonDx(tile=tile(module, 128, 128, 64, 4, 3), split=p.dx_split))
     expected_dx = p.partials.float().sum(0)
     names = ("grad_w1_weight", "grad_w3_weight")
-    module.grad_w13(p, plan.grad_w13)
+    module.grad_w13(p, types.TritonWeightGrad(tile(module, 128, 128, 64, 4, 3, 2, 1, True)))
     expected = [outputs[name].clone() for name in names]
     first = None
     for call in range(3):
         p.partials.fill_(float("nan"))
         for name in names:
             outputs[name].fill_(float("nan"))
-        module.dx_grad_w13(p, plan.dx_grad_w13)
+        module.dx_grad_w13(p, plan.dx)
         for name, want in zip(names, expected):
             assert torch.equal(outputs[name], want), f"{name}, call {call}"
         if first is None:
@@ -773,17 +792,16 @@ def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) ->
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(2048, 256), Dims(600, 240)], ids=lambda d: f"T{d.num_tokens}")
 def test_warp_specialized_dx_into_the_rows_gives_the_scatters_bits(dims: Dims) -> None:
-    """The warp-specialised Gluon dx (224 < T <= 256) stores the selected rows itself (Plan.dx_writes_rows: the last of
+    """The warp-specialised Gluon dx (224 < T <= 256) stores the selected rows itself (GluonDx.to_rows: the last of
     a tile's two programs to arrive adds the partials in fixed order) with the bits of scatter_kernel's sum, on every
     call (the arrival counters, which the gather zeroes, must not carry over)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
-    plan = module.plan_for(dims.num_tokens)
-    assert plan.dx_warp_specialized
-    rows = dataclasses.replace(plan, dx_writes_rows=True)
+    rows = module.plan_for(dims.num_tokens)
+    assert isinstance(rows.dx, plan_types(module).GluonDx) and rows.dx.to_rows
     scatter, *calls = outputs_by_plan(
-        module, inputs, outputs, (dataclasses.replace(plan, dx_writes_rows=False), rows, rows, rows)
+        module, inputs, outputs, (dataclasses.replace(rows, dx=dataclasses.replace(rows.dx, to_rows=False)), rows, rows, rows)
     )
     for call in calls:
         for spec, want, got in zip(OUTPUTS, scatter, call):
@@ -808,21 +826,21 @@ def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int,
     call: one token block or several (T = 496 in two of 256), chunks of 8 to 256 tokens, past T or not (T = 200 in
     128 + 64 + 16), the halves in one launch or one each, and F = 320 (an odd number of K steps per split)."""
     module = solution_module()
-    plan = module.plan_for(dims.num_tokens)
+    types, plan = plan_types(module), module.plan_for(dims.num_tokens)
     inputs = generate_inputs(dims, 0, "cuda")
-    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, module.dx_split_for(plan, dims.ffn_dim), 64)
+    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, plan.dx_split(dims.ffn_dim), 64)
     module.gather(p)
-    module.dh_swiglu(p, plan.dh)
-    module.dx(p, plan.dx)
+    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    module.dx(p, types.TritonDx(tile=tile(module, *DX_WIDE), split=p.dx_split))
     expected = p.partials.clone()
-    swap_ab = module.SwapAbDx(chunks, stages)
+    swap_ab = types.SwapAbDx(chunks=chunks, stages=stages, split=p.dx_split)
     for halves in ([0, 1], [1], [0]):
         if halves != [0]:
             p.partials.fill_(float("nan"))
-        module.dx(p, plan.dx, halves, swap_ab=swap_ab)
+        module.dx(p, swap_ab, halves)
     assert torch.equal(p.partials, expected)
     for _ in range(5):
-        module.dx(p, plan.dx, swap_ab=swap_ab)
+        module.dx(p, swap_ab)
         assert torch.equal(p.partials, expected)
 
 

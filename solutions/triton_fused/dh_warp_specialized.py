@@ -193,9 +193,7 @@ def dh_swiglu_ws_kernel(
     BLOCK_N: gl.constexpr = w2_desc.block_type.shape[1]
     WIDTH: gl.constexpr = a_desc.block_type.shape[1]
     g_bufs, w_bufs, ready, empty = operand_ring(g_desc, w2_desc, STAGES)
-    handoff = gl.allocate_shared_memory(
-        gl.float16, [BLOCK_N // WIDTH, BLOCK_M, WIDTH], gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
-    )
+    handoff = gl.allocate_shared_memory(gl.float16, [BLOCK_N // WIDTH, BLOCK_M, WIDTH], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [ACT_BUFFERS] + a_desc.block_type.shape, a_desc.layout)
     up_bufs = gl.allocate_shared_memory(up_desc.dtype, [ACT_BUFFERS] + up_desc.block_type.shape, up_desc.layout)
     gate_bufs = gl.allocate_shared_memory(gate_desc.dtype, [ACT_BUFFERS] + gate_desc.block_type.shape, gate_desc.layout)

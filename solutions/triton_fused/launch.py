@@ -1,7 +1,7 @@
 """Issuing a call's launches with as little host time as possible: record once, replay with the call's tensors.
 
 `kernel[grid](*args)` binds every argument, computes each one's specialisation, looks the binary up in Triton's
-cache and only then launches it: tens of microseconds of host time per launch for kernels of twenty-odd arguments.
+cache and only then launches it: for kernels of twenty-odd arguments, most of a launch's host time.
 On top of that the launcher's Python builds descriptors, picks streams and records events. A caller that
 synchronises before every call (the public benchmark, a training step that cannot run ahead) waits for all of it.
 
@@ -60,7 +60,7 @@ class _Launch:
 class _EntryPoint:
     """A launch handed straight to the launcher's C entry point, its arguments flattened as Triton's wrapper flattens
     them: each TMA descriptor over the context's scratch encoded once, at recording, and only those over the call's
-    tensors encoded again on every call (Triton's wrapper encodes every descriptor of every launch, 2-4 us each)."""
+    tensors encoded again on every call (Triton's wrapper encodes every descriptor of every launch)."""
 
     function: Any  # the C entry point
     head: tuple  # grid, stream, kernel, launch options and metadata, as CudaLauncher passes them
@@ -143,17 +143,22 @@ def _parameters(kernel: Any) -> tuple[list[str], dict[str, Any]]:
 class CallProgram:
     """The launches, event records and stream waits of one call context's calls (see the module's docstring)."""
 
-    def __init__(self, call_tensors: Sequence[torch.Tensor]):
+    def __init__(self) -> None:
         self.operations: list[_Launch | _Record | _Wait] = []
         self.recorded = False  # the first call ended and every operation could be recorded
-        self._recording = True
-        self._tensors: Sequence[torch.Tensor] = call_tensors
+        # Recording starts with a call's begin, not before: launches of a context's kernels outside a call (a test or a
+        # sweep driving single stages) are never kept, and stops at the first call's end or at an operation it cannot
+        # record.
+        self._may_record = True
+        self._recording = False
+        self._tensors: Sequence[torch.Tensor] = ()
         self._storages: dict[int, int] = {}
 
     def begin(self, call_tensors: Sequence[torch.Tensor]) -> None:
         """Start a call that runs the launcher's code: the first one to end records (a call that raised leaves
         nothing behind), later ones (only where recording failed) just launch."""
         self._tensors = call_tensors
+        self._recording = self._may_record
         if self._recording:
             self.operations.clear()
             self._storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(call_tensors)}
@@ -162,7 +167,7 @@ class CallProgram:
         """The call's operations are all issued: a complete recording can replay from now on."""
         if self._recording:
             self.recorded = all(not isinstance(op, _Launch) or op.compiled is not None for op in self.operations)
-            self._recording = False
+            self._recording = self._may_record = False
             if not self.recorded:
                 self.operations.clear()
             for operation in self.operations:
@@ -183,7 +188,7 @@ class CallProgram:
         if not self._recording:
             return
         if getattr(compiled, "function", None) is None:  # Triton's interpreter: nothing to replay
-            self._recording = False
+            self._recording = self._may_record = False
             self.operations.clear()
             return
         names, defaults = _parameters(kernel)
@@ -209,7 +214,7 @@ class CallProgram:
         if index is not None:
             substitute(index)
         elif tensor.untyped_storage().data_ptr() in self._storages:
-            self._recording = False
+            self._recording = self._may_record = False
             self.operations.clear()
 
     def record(self, event: torch.cuda.Event, stream: torch.cuda.Stream) -> None:

@@ -1,15 +1,13 @@
 """Same-process A/B of triton_fused's whole backward: each workload's bucket plan against variants of it. GPU only.
 
-    PYTHONPATH=. python3 solutions/triton_fused/tools/plan_ab.py --workloads 6,3 \
-        --variant 'zeros behind grad_w2: side_prologue="zeros_after_grad_w2"' --reps 3 --out ab.jsonl
+    PYTHONPATH=. python3 solutions/triton_fused/tools/plan_ab.py --workloads 6,3 --reps 3 --out ab.jsonl \
+        --variant 'zeros behind grad_w2: replace(plan, schedule=replace(plan.schedule, zeros_at="after_grad_w2"))'
 
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket).
 
-A variant is `name: field=value; field=value`, fields of solution.Plan and Python literals for their values
-(`dx_on_side=(False, True)`; a tuple for a tile gives Tile(*tuple), for dh_warp_specialized WarpSpecializedDh(*tuple),
-for grad_w13_warp_specialized and grad_w2_warp_specialized WarpSpecializedWeightGrad(*tuple), for dx_swap_ab
-SwapAbDx(*tuple), as in `dx_swap_ab=((256, 64), 3)`, for dx_grad_w13 WarpSpecializedDxGradW13(*tuple), and None turns
-those five off).
+A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan),
+`replace` (dataclasses.replace) and the names of the solution's plan.py, as in
+`gluon grad_w2: replace(plan, grad_w2=GluonWeightGrad(dynamic=True))`.
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
@@ -21,7 +19,6 @@ header and then its rows to --out (JSON lines), so several invocations can share
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import functools
 import json
@@ -40,33 +37,25 @@ from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
 
 
-def parse_variant(text: str, module) -> tuple[str, dict]:
-    """'name: field=value; ...' -> (name, the Plan fields to replace)."""
-    name, _, assignments = text.partition(":")
-    if not assignments.strip():
-        raise SystemExit(f"variant {text!r}: expected 'name: field=value; ...'")
-    plan_fields = {field.name: field.type for field in dataclasses.fields(module.Plan)}
-    from_tuple = {
-        "Tile": module.Tile,
-        "WarpSpecializedDh | None": module.WarpSpecializedDh,
-        "WarpSpecializedWeightGrad | None": module.WarpSpecializedWeightGrad,
-        "SwapAbDx | None": module.SwapAbDx,
-        "WarpSpecializedDxGradW13 | None": module.WarpSpecializedDxGradW13,
-    }
-    changes = {}
-    for assignment in assignments.split(";"):
-        field, _, value = (part.strip() for part in assignment.partition("="))
-        if field not in plan_fields:
-            raise SystemExit(f"variant {name!r}: Plan has no field {field!r} (fields: {', '.join(sorted(plan_fields))})")
-        changes[field] = ast.literal_eval(value)
-        if isinstance(changes[field], tuple) and plan_fields[field] in from_tuple:
-            changes[field] = from_tuple[plan_fields[field]](*changes[field])
-    return name.strip(), changes
+def parse_variant(text: str) -> tuple[str, str]:
+    """'name: expression' -> (name, expression)."""
+    name, _, expression = text.partition(":")
+    if not expression.strip():
+        raise SystemExit(f"variant {text!r}: expected 'name: expression'")
+    return name.strip(), expression.strip()
 
 
-def variant_plans(bucket, variants: dict[str, dict]) -> dict:
-    """{"plan": the bucket plan} and each variant of it by name (Plan fields replaced as parse_variant gave them)."""
-    return {"plan": bucket} | {name: dataclasses.replace(bucket, **changes) for name, changes in variants.items()}
+def variant_plans(module, bucket, variants: dict[str, str]) -> dict:
+    """{"plan": the bucket plan} and each variant's plan by name: its expression evaluated over `plan` (the bucket's),
+    `replace` and the names of the solution module's plan.py."""
+    names = vars(sys.modules[f"{module.__package__}.plan"]) | {"replace": dataclasses.replace, "plan": bucket}
+    plans = {"plan": bucket}
+    for name, expression in variants.items():
+        try:
+            plans[name] = eval(expression, dict(names))  # the expression is the developer's own command line
+        except Exception as exc:  # noqa: BLE001 - any fault of the expression is reported as the variant's
+            raise SystemExit(f"variant {name!r}: {type(exc).__name__}: {exc}") from None
+    return plans
 
 
 def main() -> None:
@@ -77,7 +66,7 @@ def main() -> None:
         "--variant",
         action="append",
         default=[],
-        help="'name: field=value; ...' (repeatable; none: the plan alone, as a baseline for another tree)",
+        help="'name: expression' (repeatable; none: the plan alone, as a baseline for another tree)",
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default="plan_ab.jsonl")
@@ -85,7 +74,7 @@ def main() -> None:
 
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
-    variants = dict(parse_variant(text, module) for text in args.variant)
+    variants = dict(parse_variant(text) for text in args.variant)
     device = torch.device("cuda")
     out = Path(args.out)
     with out.open("a") as handle:  # several invocations may share one file: each adds its header and rows
@@ -97,7 +86,7 @@ def main() -> None:
         inputs = generate_inputs(dims, 0, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
         outputs = arguments[len(INPUTS) :]
-        plans = variant_plans(module.plan_for(dims.num_tokens), variants)
+        plans = variant_plans(module, module.plan_for(dims.num_tokens), variants)
         expected = None
         for name, plan in plans.items():
             for out_tensor in outputs:

@@ -40,8 +40,13 @@ def dx_splits(tokens: int) -> tuple[int, ...]:
     return (2, 4, 8) if tokens <= 128 else (1, 2) if tokens <= 512 else (1,)
 
 
-def candidates(tile: type) -> dict[str, list]:
-    """(block_m, block_n, block_k, warps, stages, epilogue_split, programs_per_sm, flatten)."""
+def candidates(plan_module) -> dict[str, list]:
+    """Triton's tiles per stage: tile(block_m, block_n, block_k, warps, stages, epilogue_split, programs_per_sm, flatten)."""
+
+    def tile(*fields):
+        names = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "epilogue_split", "programs_per_sm", "flatten")
+        return plan_module.Tile(**dict(zip(names, fields)))
+
     return {
         "dh_swiglu": [tile(64, 64, 64, 4, 4), tile(64, 128, 64, 4, 4, 2), tile(64, 256, 64, 8, 4, 2), tile(64, 256, 64, 8, 4, 4),
                       tile(64, 256, 64, 8, 4, 2, 1, True),
@@ -53,6 +58,11 @@ def candidates(tile: type) -> dict[str, list]:
         "dx": [tile(64, 128, 64, 4, 4), tile(128, 256, 64, 8, 3), tile(128, 256, 64, 8, 4), tile(128, 128, 64, 8, 4), tile(128, 128, 64, 4, 4),
                tile(128, 128, 64, 4, 6)],
     }  # fmt: skip
+
+
+def plan_module(fused):
+    """triton_fused's plan.py, beside the loaded solution module."""
+    return sys.modules[f"{fused.__package__}.plan"]
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -96,7 +106,13 @@ def gpu_time_us(fn: Callable[[], None], config: TimingConfig = SWEEP_TIMING) -> 
 
 def sweep_stages(fused, tiles: dict[str, list], tokens: int, problem: Callable[[int], object], stages, record) -> dict:
     """Every candidate tile of every stage, checked then timed; returns the best (us, tile, split) per stage."""
-    stage_fns = {"dh_swiglu": fused.dh_swiglu, "grad_w2": fused.grad_w2, "grad_w13": fused.grad_w13, "dx": fused.dx}
+    kinds = plan_module(fused)
+    stage_fns = {
+        "dh_swiglu": fused.dh_swiglu,
+        "grad_w2": lambda p, tile: fused.grad_w2(p, kinds.TritonWeightGrad(tile)),
+        "grad_w13": lambda p, tile: fused.grad_w13(p, kinds.TritonWeightGrad(tile)),
+        "dx": lambda p, tile: fused.dx(p, kinds.TritonDx(tile=tile, split=p.dx_split)),
+    }
     stage_tiles = {"dh_swiglu": tiles["dh_swiglu"], "grad_w2": tiles["grad_w"], "grad_w13": tiles["grad_w"], "dx": tiles["dx"]}
     errors = stage_errors(problem(1))
     best: dict[str, tuple[float, object, int]] = {}
@@ -148,7 +164,13 @@ def time_plans(fused, tokens: int, arguments: list[torch.Tensor], best: dict, re
     bucket = fused.plan_for(tokens)
     plans = {"bucket plan": bucket, "bucket plan, one stream": bucket.on_one_stream()}
     if len(best) == 4:
-        swept = fused.Plan(best["dh_swiglu"][1], best["grad_w2"][1], best["grad_w13"][1], best["dx"][1], best["dx"][2])
+        kinds = plan_module(fused)
+        swept = kinds.Plan(
+            dh=kinds.TritonDh(best["dh_swiglu"][1]),
+            grad_w2=kinds.TritonWeightGrad(best["grad_w2"][1]),
+            grad_w13=kinds.TritonWeightGrad(best["grad_w13"][1]),
+            dx=kinds.TritonDx(tile=best["dx"][1], split=best["dx"][2]),
+        )
         plans["best per stage"] = swept
         plans["best per stage, one stream"] = swept.on_one_stream()
     for name, plan in plans.items():
@@ -207,7 +229,7 @@ def main() -> None:
 
     run = get_solution("triton_fused").load_entry_point()
     fused = sys.modules[run.__module__]
-    tiles = candidates(fused.Tile)
+    tiles = candidates(plan_module(fused))
     rows: list[dict] = []
     out = Path(args.out)
     out.write_text("")

@@ -94,7 +94,7 @@ def main() -> None:
 
     run = get_solution("triton_fused").load_entry_point()
     module = sys.modules[run.__module__]
-    variants = dict(parse_variant(text, module) for text in args.variant)
+    variants = dict(parse_variant(text) for text in args.variant)
     device = torch.device("cuda")
     flush = L2Flusher(device)
     workloads = list(enumerate(load_named_suite("public").workloads))
@@ -109,7 +109,7 @@ def main() -> None:
         dims: Dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
-        plans = variant_plans(module.plan_for(dims.num_tokens), variants)
+        plans = variant_plans(module, module.plan_for(dims.num_tokens), variants)
         for name, plan in plans.items():
             call = functools.partial(module.backward, plan=plan)
             for _ in range(WARMUP_CALLS):

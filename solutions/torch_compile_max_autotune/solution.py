@@ -1,0 +1,1 @@
+../torch_compile/solution.py

@@ -1,0 +1,375 @@
+"""What the launcher runs for a given T: a kernel choice per stage, its tiles, and the schedule of the two streams.
+
+A Plan names one kernel for each of the backward's stages, each choice a type of its own that carries only what that
+kernel takes and checks it:
+
+- dh (g @ w2 with the SwiGLU backward in its epilogue): Triton's kernel (`TritonDh`, which may gather its own rows of
+  grad_output) or the warp-specialised Gluon kernel (`GluonDh`);
+- each weight gradient (grad_w2, and grad_w1 with grad_w3): Triton's persistent kernel (`TritonWeightGrad`) or the
+  Gluon one (`GluonWeightGrad`, with a short last K step and tiles dealt out or claimed from a counter);
+- dx: Triton's split-K kernel (`TritonDx`), the Gluon kernel over the fp16 dd (`GluonDx`), the swap-AB Gluon kernel
+  with the tokens on the tensor cores' N side (`SwapAbDx`), or one Gluon kernel for dx with grad_w1 and grad_w3
+  (`FusedDxGradW13`, which then also stands for the weight gradient);
+
+and a `Schedule`: which stages run on the second ("side") stream and where the per-token kernels (x16 with the routing
+sums, the zeros of unselected rows, the scatter) go. Plans are chosen per bucket of T (PLANS); the kernels do not
+specialise on T or B, so each bucket compiles once. Why each bucket's plan is what it is, with the A/B figures that
+chose it, is in docs/performance.md ("Plans per bucket").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, get_args
+
+ROW_PAD = 128  # rows of the (T, .) intermediates are padded with zeros to a multiple of this (see solution.py)
+WS_BLOCK_M = 128  # rows of the Gluon dh's and weight gradient's tiles (two warpgroups of 64-row wgmma)
+WS_BLOCK_K = 64  # the Gluon weight gradient's whole K step (tokens)
+# Its short last K step: where at most this many tokens are left after the whole steps, they are a step of this many
+# rows rather than of 64.
+WS_SHORT_STEP = 32
+WS_RESIDENT_STEPS = 4  # K steps of the Gluon weight gradient's resident B slab (128 KB at 256 columns)
+FUSED_BLOCK_M = 128  # FusedDxGradW13: all the tokens (T <= 128) in one block of rows,
+FUSED_BLOCK_N = 128  # by this many hidden columns per program,
+FUSED_BLOCK_K = 64  # in K steps of this many of the 2F columns
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tile:
+    """A Triton kernel's tile (kernels.py): block sizes, warps, pipeline stages, and the persistent kernels' options."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    epilogue_split: int = 1  # column pieces of the epilogue: 1, 2 or 4 for dh_swiglu, 1 or 2 for weight_grad
+    programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
+    flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
+    group_m: int = 1  # weight_grad: rows of tiles per group of its tile order (0: all rows, row tile fastest)
+
+
+@dataclass(frozen=True)
+class TritonDh:
+    """dh by Triton's dh_swiglu_kernel. With gathers_rows it loads its rows of grad_output itself (pointer loads,
+    slower than TMA), so that no kernel stands between the call's start and dh: the launcher then issues dh first and
+    the gather, which writes only the weighted copy ge for grad_w2, on the side stream."""
+
+    tile: Tile
+    gathers_rows: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class GluonDh:
+    """dh by the warp-specialised Gluon kernel (dh_warp_specialized.py): tiles of 128 tokens x block_n ffn columns, a
+    tile's epilogue under the next tile's products; it reads the gathered copy of g."""
+
+    block_k: int  # hidden columns per operand stage
+    stages: int  # operand stages in shared memory
+    act_width: int  # ffn columns per epilogue piece
+    act_buffers: int  # epilogue pieces whose activations are in flight
+    block_n: int = 256  # ffn columns per tile: 128 gives twice the tiles, so the busiest program is nearer the average
+    # As few programs as keep the busiest one's tile count rather than one per SM: the SMs left free run the side
+    # stream's kernels from the start.
+    fewest_programs: bool = False
+    # Launched as a programmatic dependent of the gather right before it: its programs hold their SMs before grad_w2,
+    # released on the side stream by the gather's end, can take them; its loader waits for the gather before reading g.
+    after_gather: bool = False
+
+
+Dh = TritonDh | GluonDh
+
+
+@dataclass(frozen=True)
+class TritonWeightGrad:
+    """A weight gradient by Triton's persistent weight_grad_kernel."""
+
+    tile: Tile
+
+
+@dataclass(frozen=True, kw_only=True)
+class GluonWeightGrad:
+    """A weight gradient by the warp-specialised Gluon kernel (weight_grad_warp_specialized.py): tiles of 128 output
+    rows x 256 columns, two product warpgroups of 64 rows, K steps of 64 tokens and a last one as short as 32."""
+
+    stages: int = 4  # operand stages in shared memory
+    by_column: bool = False  # tiles column by column, so that a wave of tiles shares a few column slabs of B
+    # B's column slab (T x 256) resident in shared memory, loaded once per column of tiles a program's contiguous run
+    # of tiles reaches: a tile then reads only A's block (at most WS_RESIDENT_STEPS K steps)
+    b_resident: bool = False
+    # Tiles claimed one at a time from a counter in memory rather than dealt out in advance: programs that start late,
+    # on SMs the stage before frees last, take fewer tiles
+    dynamic: bool = False
+    programs: int = 0  # persistent programs; 0 = one per SM
+
+    def __post_init__(self) -> None:
+        if self.dynamic and self.b_resident:
+            raise ValueError("the weight gradient's tiles are claimed one by one (dynamic) or runs of them keep B resident")
+        if self.programs < 0:
+            raise ValueError(f"the weight gradient's programs must be 0 (one per SM) or more, not {self.programs}")
+
+
+WeightGrad = TritonWeightGrad | GluonWeightGrad
+
+
+@dataclass(frozen=True, kw_only=True)
+class TritonDx:
+    """dx by Triton's dx_kernel over the bf16 copy of dd: one launch per half of K (d_a @ w1, d_up @ w3) into split-K
+    partials that the scatter sums, or with to_rows one launch over both halves whose tiles end in the selected rows
+    of grad_hidden_states (the last of a tile's split programs adding the partials): no scatter then."""
+
+    tile: Tile
+    split: int  # split-K factor per half (an upper bound: reduced until its slices are whole K steps of F)
+    to_rows: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class GluonDx:
+    """dx by the warp-specialised Gluon kernel (dx_warp_specialized.py): one launch over K = 2F that reads the fp16 dd
+    and rounds it to bf16 in registers, so dh writes no bf16 copy; to_rows as for TritonDx."""
+
+    tile: Tile
+    split: int
+    to_rows: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapAbDx:
+    """dx computed transposed by the swap-AB Gluon kernel (dx_swap_ab.py) over the bf16 copy of dd: programs of 128
+    hidden columns by a block of tokens in up to three accumulators of these widths, so T is padded to the block (the
+    sum of the widths) rather than to 128-row tiles."""
+
+    chunks: tuple[int, ...]  # the token block's accumulator widths: one to three powers of two from 8 to 256
+    stages: int  # operand stages in shared memory
+    split: int
+    block_k: int = 64  # K step (of F)
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in self.chunks):
+            raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {self.chunks}")
+
+    @property
+    def block_tokens(self) -> int:
+        return sum(self.chunks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusedDxGradW13:
+    """dx with grad_w1 and grad_w3 in one pass over the weights (dx_grad_weight_warp_specialized.py): each step reads a
+    block of w1 or w3 and writes the same block of its gradient. All T <= FUSED_BLOCK_M tokens in one block of rows;
+    on the caller's stream right behind dh."""
+
+    stages: int
+    split: int  # split of each weight's F
+
+
+Dx = TritonDx | GluonDx | SwapAbDx | FusedDxGradW13
+
+X16At = Literal["start", "after_gather", "after_dh"]
+ZerosAt = Literal["start", "after_grad_w2", "after_dh", "after_dx"]
+ScatterAt = Literal["end", "side", "after_dx"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """Where the stages run. The caller's stream runs, in order: dh (first, where it gathers its own rows; else behind
+    the gather), the dx halves not on the side stream, and grad_w1/grad_w3 unless on the side stream; the side stream
+    runs grad_w2 once ge is written (beside dh), then whatever of dx and grad_w1/grad_w3 this puts there once dh is done.
+    """
+
+    side_stream: bool = True  # False: every stage on the caller's stream, in the order above
+    # routing_x16 (x16 and the routing sums, which grad_w1/grad_w3 and scatter read) on the side stream: "start" beside
+    # dh, "after_gather" once the gather is done (ahead of grad_w2), "after_dh" once dh is done
+    x16_at: X16At = "start"
+    # zero_unselected (rows and routing entries no token selects): on the side stream at "start", "after_grad_w2" or
+    # "after_dh", or on the caller's stream right behind dx ("after_dx")
+    zeros_at: ZerosAt = "start"
+    dx_on_side: tuple[bool, bool] = (False, False)  # dx's w1 half, its w3 half (one launch takes both where they agree)
+    grad_w13_on_side: bool = False
+    # scatter: last on the caller's stream ("end"), on the side stream once dx is done ("side", beside
+    # grad_w1/grad_w3), or on the caller's stream right behind dx ("after_dx")
+    scatter_at: ScatterAt = "end"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("x16_at", X16At), ("zeros_at", ZerosAt), ("scatter_at", ScatterAt)):
+            if getattr(self, name) not in get_args(allowed):
+                raise ValueError(f"{name} must be one of {get_args(allowed)}, not {getattr(self, name)!r}")
+        if self.zeros_at == "after_dx" and any(self.dx_on_side):
+            raise ValueError(
+                "zeros_at 'after_dx' runs the zeros behind dx on the caller's stream: both halves of dx must be there"
+            )
+        if self.scatter_at == "after_dx" and any(self.dx_on_side):
+            raise ValueError("scatter_at 'after_dx' runs scatter behind both halves of dx on the caller's stream")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """One bucket's kernels, tiles and schedule; the combinations that cannot run are refused here, and what depends on
+    the shapes by `check`."""
+
+    dh: Dh
+    grad_w2: WeightGrad
+    grad_w13: WeightGrad | None  # None where dx is FusedDxGradW13, which computes grad_w1/grad_w3 too
+    dx: Dx
+    schedule: Schedule = Schedule()
+
+    def __post_init__(self) -> None:
+        s, fused = self.schedule, isinstance(self.dx, FusedDxGradW13)
+        if fused != (self.grad_w13 is None):
+            raise ValueError("grad_w13 is None exactly where dx is FusedDxGradW13, which computes grad_w1/grad_w3 with dx")
+        if fused and (any(s.dx_on_side) or s.grad_w13_on_side or s.scatter_at != "end" or s.zeros_at == "after_dx"):
+            raise ValueError("dx with grad_w1/grad_w3 runs behind dh on the caller's stream, and scatter last")
+        if isinstance(self.dh, GluonDh) and isinstance(self.dx, GluonDx):
+            raise ValueError(  # noqa: TRY004 - a combination of kernels that cannot run, not an argument of a wrong type
+                "the Gluon dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for the other dx kernels"
+            )
+        if self.to_rows and (s.dx_on_side[0] != s.dx_on_side[1] or s.scatter_at != "end"):
+            raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch on one stream "
+                             "(equal dx_on_side) and leaves no scatter (scatter_at 'end')")  # fmt: skip
+        if s.x16_at == "after_gather" and (not s.side_stream or self.gathers_rows):
+            raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
+
+    @property
+    def gathers_rows(self) -> bool:
+        return isinstance(self.dh, TritonDh) and self.dh.gathers_rows
+
+    @property
+    def to_rows(self) -> bool:
+        """dx stores the selected rows of grad_hidden_states itself: no scatter ends the call."""
+        return isinstance(self.dx, (TritonDx, GluonDx)) and self.dx.to_rows
+
+    @property
+    def low_copy(self) -> bool:
+        """Whether dh writes dd_low, the bf16 copy of dd: Triton's dx and the swap-AB dx read it, and the Gluon dh always
+        writes it."""
+        return isinstance(self.dh, GluonDh) or isinstance(self.dx, (TritonDx, SwapAbDx))
+
+    def dx_k_step(self) -> int:
+        """dx's K step (of F)."""
+        if isinstance(self.dx, FusedDxGradW13):
+            return FUSED_BLOCK_K
+        return self.dx.block_k if isinstance(self.dx, SwapAbDx) else self.dx.tile.block_k
+
+    def dx_split(self, ffn: int) -> int:
+        """The largest split-K factor up to the plan's whose slices are whole K steps of F."""
+        step = self.dx_k_step()
+        return max(s for s in range(1, self.dx.split + 1) if ffn % (s * step) == 0)
+
+    def grad_w2_last_step(self, tokens: int) -> int:
+        """The rows of grad_w2's last K step, whose block of ge the gather shifts (gather_kernel)."""
+        if isinstance(self.grad_w2, TritonWeightGrad):
+            return self.grad_w2.tile.block_k
+        return WS_SHORT_STEP if weight_grad_steps(tokens)[1] else WS_BLOCK_K
+
+    def on_one_stream(self) -> Plan:
+        """The same kernels and tiles with every stage on the caller's stream (the tests' point of comparison)."""
+        return replace(self, schedule=replace(self.schedule, side_stream=False))
+
+    def check(self, tokens: int, hidden: int, ffn: int) -> None:
+        """Refuse shapes this plan cannot run."""
+        dh_step = self.dh.tile.block_k if isinstance(self.dh, TritonDh) else self.dh.block_k
+        if hidden % dh_step or ffn % self.dx_k_step():
+            raise ValueError(f"hidden_dim {hidden} and ffn_dim {ffn} must be multiples of the K steps of {self}")
+        tiles = [t.tile for t in (self.dh, self.dx) if hasattr(t, "tile")]
+        weight_tiles = [t.tile for t in (self.grad_w2, self.grad_w13) if isinstance(t, TritonWeightGrad)]
+        if any(ROW_PAD % t.block_m for t in tiles) or any(ROW_PAD % t.block_k for t in weight_tiles):
+            raise ValueError(
+                f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps"
+            )
+        for w in (self.grad_w2, self.grad_w13):
+            if isinstance(w, GluonWeightGrad) and w.b_resident and sum(weight_grad_steps(tokens)) > WS_RESIDENT_STEPS:
+                raise ValueError(f"the weight gradient's resident B holds {WS_RESIDENT_STEPS} K steps of {WS_BLOCK_K} tokens, "
+                                 f"not {sum(weight_grad_steps(tokens))}")  # fmt: skip
+        if isinstance(self.dx, FusedDxGradW13):
+            dh_rows = self.dh.tile.block_m if isinstance(self.dh, TritonDh) else WS_BLOCK_M
+            if tokens > FUSED_BLOCK_M or -(-tokens // dh_rows) * dh_rows < FUSED_BLOCK_M:
+                # it reads FUSED_BLOCK_M rows of dd, which dh must all have written (rows past T as zeros)
+                raise ValueError(f"dx with grad_w1/grad_w3 reads {FUSED_BLOCK_M} rows of dd: T = {tokens} must be at most "
+                                 f"that, and dh's tiles of {dh_rows} rows must cover them")  # fmt: skip
+
+
+def weight_grad_steps(tokens: int) -> tuple[int, int]:
+    """(whole K steps, short ones) of the Gluon weight gradient: a last step of at most WS_SHORT_STEP tokens is short."""
+    left = tokens % WS_BLOCK_K
+    if 0 < left <= WS_SHORT_STEP:
+        return tokens // WS_BLOCK_K, 1
+    return -(-tokens // WS_BLOCK_K), 0
+
+
+# Tiles shared by several buckets.
+_DX_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
+_DH_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, epilogue_split=4)
+_GLUON_DH_SMALL_TILES = GluonDh(block_k=64, stages=5, act_width=16, act_buffers=2, block_n=128, after_gather=True)
+
+# (largest T of the bucket, plan); the last bucket takes every larger T.
+PLANS: tuple[tuple[int, Plan], ...] = (
+    # Memory-bound: Triton's kernels throughout; dx's w3 half behind dh, its w1 half and scatter beside grad_w1/grad_w3.
+    (64, Plan(
+        dh=TritonDh(Tile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=4), gathers_rows=True),
+        grad_w2=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4,
+                                      programs_per_sm=1, flatten=True)),
+        grad_w13=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2,
+                                       programs_per_sm=2, flatten=True)),
+        dx=TritonDx(tile=Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), split=4),
+        schedule=Schedule(dx_on_side=(True, False), scatter_at="side"),
+    )),
+    # One pass over w1 and w3 for dx and their gradients: the weights are read once, and their gradients written beside.
+    (128, Plan(
+        dh=TritonDh(Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, epilogue_split=2),
+                    gathers_rows=True),
+        grad_w2=GluonWeightGrad(),
+        grad_w13=None,
+        dx=FusedDxGradW13(stages=4, split=2),
+    )),
+    # The swap-AB dx pays for 224 token rows where 128-row tiles pay for 256; grad_w1/grad_w3 keeps B resident.
+    (224, Plan(
+        dh=TritonDh(_DH_WIDE, gathers_rows=True),
+        grad_w2=GluonWeightGrad(dynamic=True),
+        grad_w13=GluonWeightGrad(b_resident=True),
+        dx=SwapAbDx(chunks=(128, 64, 32), stages=4, split=2),
+        schedule=Schedule(zeros_at="after_grad_w2", dx_on_side=(True, True)),
+    )),
+    # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
+    (256, Plan(
+        dh=TritonDh(_DH_WIDE, gathers_rows=True),
+        grad_w2=GluonWeightGrad(dynamic=True),
+        grad_w13=GluonWeightGrad(dynamic=True),
+        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        schedule=Schedule(grad_w13_on_side=True),
+    )),
+    # From here the Gluon dh, behind the gather; dx first after it, grad_w1/grad_w3 beside dx.
+    (320, Plan(
+        dh=_GLUON_DH_SMALL_TILES,
+        grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
+        grad_w13=GluonWeightGrad(dynamic=True),
+        dx=SwapAbDx(chunks=(256, 64), stages=3, split=2),
+        schedule=Schedule(x16_at="after_gather", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx"),
+    )),
+    (384, Plan(
+        dh=_GLUON_DH_SMALL_TILES,
+        grad_w2=GluonWeightGrad(by_column=True),
+        grad_w13=GluonWeightGrad(dynamic=True),
+        dx=SwapAbDx(chunks=(256, 128), stages=3, split=2),
+        schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx"),
+    )),
+    # dx into the selected rows, no scatter; the zeros behind dx, out of the side stream's way.
+    (1024, Plan(
+        dh=_GLUON_DH_SMALL_TILES,
+        grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
+        grad_w13=GluonWeightGrad(dynamic=True),
+        dx=TritonDx(tile=_DX_WIDE, split=2, to_rows=True),
+        schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True),
+    )),
+    # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free.
+    (1 << 30, Plan(
+        dh=GluonDh(block_k=64, stages=3, act_width=16, act_buffers=1, fewest_programs=True, after_gather=True),
+        grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
+        grad_w13=GluonWeightGrad(),
+        dx=TritonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        schedule=Schedule(x16_at="after_gather", zeros_at="after_grad_w2", dx_on_side=(True, True)),
+    )),
+)  # fmt: skip
+
+
+def plan_for(num_tokens: int) -> Plan:
+    return next(plan for limit, plan in PLANS if num_tokens <= limit)
