@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -98,13 +99,22 @@ def test_failing_solution_is_exported_only_as_partial() -> None:
     assert leaderboard_record(result, solution, RESULTS_DIR, H200, partial=True).partial is True
 
 
-def test_changed_sources_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("edit", "refused"), [("EDITED_AFTER_THE_BENCH = True\n", True), ("# a comment fixed after the bench\n", False)]
+)
+def test_changed_code_is_refused_and_a_comment_fix_is_not(tmp_path: Path, edit: str, refused: bool) -> None:
+    """The committed result identifies triton_fused by its code: a change of code makes it stale, a comment does not."""
     folder = tmp_path / "triton_fused"
     shutil.copytree(get_solution("triton_fused").folder, folder, ignore=shutil.ignore_patterns("__pycache__"))
     with open(folder / "kernels.py", "a") as handle:
-        handle.write("# edited after the bench\n")
-    with pytest.raises(ExportError, match=r"differ from those its result measured \(kernels.py\)"):
-        leaderboard_record(h200_result("triton_fused"), get_solution("triton_fused", tmp_path), RESULTS_DIR, H200, partial=False)
+        handle.write(edit)
+    export = functools.partial(leaderboard_record, h200_result("triton_fused"), get_solution("triton_fused", tmp_path),
+                               RESULTS_DIR, H200, partial=False)  # fmt: skip
+    if refused:
+        with pytest.raises(ExportError, match=r"differ from those its result measured \(kernels.py\)"):
+            export()
+    else:
+        assert export().implementation["sources"]
 
 
 def test_sol_execbench_export(tmp_path: Path) -> None:
