@@ -11,8 +11,8 @@ the routing gradient is the row dot product of g and e.
 
 The layout glue is part of the call and is timed: the gather of g, the interleave of (a, up), the split of the
 interleaved (d_a, d_up) into contiguous halves (fp16 for the weight gradients, bf16 for dx) and the scatter.
-QuACK's own configuration heuristics choose the tiles (tuned=False: its autotuner would time candidates inside
-the harness's calls).
+QuACK's own configuration heuristics choose the tiles (tuned=False, not its autotuner, which would compile and time
+every candidate configuration in the first calls).
 """
 
 import torch
@@ -40,8 +40,8 @@ def run(
 ) -> None:
     tokens, ffn = w1_output.shape
     g = grad_output.index_select(0, token_indices)
-    # QuACK's packed epilogue writes D in PreAct's dtype: fp16 pre-activations (exact for these bf16 values) give d_a
-    # and d_up in fp16.
+    # QuACK's packed epilogue writes D in PreAct's dtype: fp16 pre-activations give d_a and d_up in fp16 (bf16 values
+    # convert exactly wherever they are fp16 normals, |x| >= 2^-14).
     pre_activations = torch.empty(tokens, ffn, 2, dtype=torch.float16, device=w1_output.device)
     pre_activations[..., 0].copy_(w1_output)
     pre_activations[..., 1].copy_(up_output)

@@ -1,8 +1,8 @@
 """dh with its SwiGLU backward as a warp-specialised Gluon kernel (Hopper), from T = 257.
 
-Triton's `dh_swiglu_kernel` (kernels.py) runs its epilogue after its main loop in the same warps: at T = 2048 the
-epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and takes about 130 of the kernel's
-440 us while the tensor cores idle. Here three groups of warps share each SM and work on different tiles at once:
+Triton's `dh_swiglu_kernel` (kernels.py) runs its epilogue after its main loop in the same warps: at large T the
+epilogue's traffic (three activation tiles in, d_a and d_up twice out) takes a large share of the kernel while the
+tensor cores idle (docs/performance.md). Here three groups of warps share each SM and work on different tiles at once:
 
 - one loader warp streams the operand blocks of g and w2 by TMA into a ring of STAGES shared-memory stages,
   running ahead of the products across tile boundaries;
@@ -14,8 +14,7 @@ epilogue moves 411 MB (three activation tiles in, d_a and d_up twice out) and ta
   fp16 and in bf16 with plain stores.
 
 So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
-launcher uses this kernel from T = 257, with 128 x 128 tiles up to T = 1024, where a program has 2.5-6.8 of them
-(docs/performance.md, v12 and v18). The register file bounds the layout: the 64 x 256 fp32 accumulator of each
+plans use this kernel from T = 257, with 128 x 128 tiles up to T = 1024 so that every program has several. The register file bounds the layout: the 64 x 256 fp32 accumulator of each
 product warpgroup needs at least 154 registers per thread, which ptxas grants only if the whole kernel has at most
 12 warps (8 + 1 + 2, padded to whole warpgroups).
 

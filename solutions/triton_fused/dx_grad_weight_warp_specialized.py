@@ -107,7 +107,7 @@ def _products(a_bufs, b_bufs, x_buf, x_ready, ready, empty, staging, g1_desc, g3
         else:
             tma.async_copy_shared_to_global(g3_desc, [k - F, off_n + WARPGROUP * WIDTH], staging)
     # Out of wgmma's layout (a warp's store touches 8 rows, 16 bytes each) into one whose warp stores two rows of 256
-    # contiguous bytes, so that the partial's stores coalesce (T = 128: -1.0 and -2.0 us in the whole backward; v34).
+    # contiguous bytes, so that the partial's stores coalesce.
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     rows = WARPGROUP * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))

@@ -5,10 +5,8 @@ With the tokens as wgmma's M, as in Triton's `dx_kernel` and dx_warp_specialized
 128 rows: T = 296 computes 384 rows, and each 128-row tile reads the whole of w1 and w3 again from L2. Here a program
 takes 128 columns of H (wgmma's M: the weights' block, read transposed from shared memory) and a block of tokens
 (wgmma's N) held in up to three accumulators whose widths are powers of two (say 256 + 64 for T <= 320): the padding
-is what the chunk widths leave, and the weights' block serves every token of the block. Alone on the H200
-(docs/performance.md, v22): 119 us against Triton's 148 at T = 296 (256 + 64 tokens), 124 against 148 at 336
-(256 + 128), 84 against 90 for the Gluon dx at T = 196 and 215 (128 + 64 + 32), 86 against 91 at T = 256 (256),
-with the bits of Triton's dx.
+is what the chunk widths leave, and the weights' block serves every token of the block. It gives the bits of
+Triton's dx; where it pays, by how much, is in docs/performance.md.
 
 - one loader warp streams the K steps by TMA into a ring of STAGES shared-memory stages: the weights' block
   w1[k, h] for k < F and w3[k - F, h] after (so K runs over all 2F without concatenating them), and each chunk's

@@ -23,10 +23,9 @@ Split-K as in Triton's kernel: axis 1 of the grid takes K_PER_SPLIT columns of t
 straddling F) into partial FIRST_SPLIT + axis 1, each stored rounded to the partials' dtype (bf16), and
 scatter_kernel adds the partials in a fixed order. With TO_ROWS (one launch over all the slices) the last of a tile's
 programs to arrive on the tile's counter adds them itself, in the same order and to the same bits, and stores the
-selected rows of grad_hidden_states: no scatter at the end of the call (T = 256: -2.1 to -4.3 us per workload in
-the whole backward; docs/performance.md, v34). The partial leaves wgmma's layout for one whose warps store whole rows (each
-warp's store otherwise touches 8 rows, 16 bytes each): stored so, the last program's wait for its stores and its
-reads of the partials cost 10-12 us more per call. Rows of dd past T may hold anything: they reach only rows of the
+selected rows of grad_hidden_states: no scatter at the end of the call. The partial leaves wgmma's layout for one
+whose warps store whole rows (each warp's store otherwise touches 8 rows, 16 bytes each), which the last program's
+wait for its stores and its reads of the partials would otherwise pay for. Rows of dd past T may hold anything: they reach only rows of the
 partials past T, which are not stored.
 
 Precision: dd's fp16 values (rounded once from the fp32 SwiGLU backward) are rounded to bf16, the operand dtype of

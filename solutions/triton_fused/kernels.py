@@ -191,8 +191,8 @@ def dh_swiglu_kernel(
     w2 is a descriptor with blocks [BLOCK_K, BLOCK_N]. With GATHERED, g is one too, with blocks [BLOCK_M, BLOCK_K],
     over gather_kernel's copy of the T rows; without, g is grad_output itself and each tile loads its rows
     token_indices[off_m:off_m + BLOCK_M] with pointer loads (cp.async, pipelined like the TMA loads), so that no
-    gather kernel stands between the call's start and dh: that saves the gather's 5-7 us at small T, but the loop
-    runs 2 us (T = 64) to 46 us (T = 2048) slower than with both operands by TMA. The (T, F) activations are
+    gather kernel stands between the call's start and dh: that saves the gather at small T, but the loop runs slower
+    than with both operands by TMA, the more so the larger T. The (T, F) activations are
     pointers. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]: d_a and
     d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past column F is
     clipped there rather than spilling into the other half) and, with LOW_COPY, the same values in bf16 for
@@ -295,8 +295,7 @@ def weight_grad_kernel(
 
     Descriptor blocks: a [BLOCK_K, BLOCK_M], b [BLOCK_K, BLOCK_N], c and c_high [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT].
     No K step reads past the end of its operands: a TMA block that is partly out of bounds costs far more than
-    one in bounds (grad_w2 at T = 196, whose last step of 64 rows has 60 past T: 75.9 us against 60.4 at
-    T = 256; docs/performance.md). A is padded by the launcher (rows past T are zeros, A has at least
+    one in bounds (docs/performance.md). A is padded by the launcher (rows past T are zeros, A has at least
     ceil(T / BLOCK_K) * BLOCK_K rows); B has B_ROWS rows: padded too (B_ROWS >= that, B read at A's rows), or
     an input of T rows, whose last step is read as the block that ends at row T, against an A whose last
     block the gather has shifted to match (gather_kernel).
@@ -352,7 +351,7 @@ def dx_kernel(
 
     With TO_ROWS a single launch takes both halves: slice s of (a, b) then the same slice of (a_up, b_up), in two K
     loops over one accumulator, and the tile's rows end up in rows token_indices[t] of grad_hidden_states, rounded
-    once to bf16, with no scatter_kernel at the end of the call (it took 5-13 us at T = 496-2048). Unsplit, a
+    once to bf16, with no scatter_kernel at the end of the call. Unsplit, a
     program stores them itself. Split, each program stores its partial, then counts itself in on the tile's
     arrivals counter (an int32 atomic, acquire-release, after a barrier of the program's threads), and the last to
     arrive adds the tile's partials in fixed order, as scatter_kernel would (deterministic whatever the order of
@@ -404,7 +403,7 @@ def zero_unselected_kernel(
     and with c = 0 their entries of grad_routing_weights. A selected row is scatter's (or dx_kernel's) and is left
     alone, so the kernels write disjoint elements and may run in any order. One program per gap between selected
     rows rather than per batch row: two independent index loads instead of a binary search's chain of log2(T)
-    dependent ones (alone at T = 2048, B = 4096: 8.8 us against 12.4; docs/performance.md, v29).
+    dependent ones.
     """
     t = tl.program_id(0)
     first = tl.load(token_indices + t - 1, mask=t > 0, other=-1) + 1

@@ -3,8 +3,7 @@
 T = 65 and for grad_w1/grad_w3 from T = 129).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
-multiple of 64 pays a whole step for a few tokens: at T = 196 (4 tokens in the last step) grad_w1/grad_w3 take 124 us
-against 109 at T = 192 (docs/performance.md, v16). A smaller last step inside Triton's pipelined loop costs more than
+multiple of 64 pays a whole step for a few tokens. A smaller last step inside Triton's pipelined loop costs more than
 it saves (its loads are multi-buffered like the others). Here the loads are the kernel's own. With K = T this short,
 a tile's products take about as long as storing it, so the stores must run under products:
 
@@ -19,16 +18,12 @@ a tile's products take about as long as storing it, so the stores must run under
   first four K steps, while the step's wgmma runs, one 64-column block of the tile before goes out by TMA through one
   of the warpgroup's two staging buffers (the blocks that find no step, after the last one).
 
-Until v35 a tile went out right after its products, 128 columns at a time through one buffer, each round waiting for
-the store before it: in the whole backward 6-8 us slower at T = 196-256 and 25-29 us at 296-512 (same-process A/B,
-the bits equal; each block waiting only for the store two blocks before it, but right after the products, took 1.6-3.4
-us of that at 196-336). Narrower blocks, 32 columns through four buffers, were 2-8 us slower (docs/performance.md, v35).
+A tile stored right after its products, each block waiting for the store before it, leaves the tensor cores idle
+for the whole store; storing it under the next tile's steps hides it (narrower blocks through more buffers were
+slower; docs/performance.md).
 
 No barrier joins the two warpgroups, so they drift apart, and while one converts and stages, the other's wgmma have
-the tensor cores (ping-pong). Until v21 one 8-warp partition ran both warpgroups on the tile in step, staging the
-tile before under the next one's first two wgmma, and every tile end stalled the tensor cores: this kernel is 2-11%
-faster alone at T = 196-512 and 10-15 us faster in the whole backward at T = 196-256. Starting the second warpgroup
-a K step late changes nothing (docs/performance.md, v21).
+the tensor cores (ping-pong); running both on the tile in step stalls the tensor cores at every tile end.
 
 The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns
 (of H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column tile
@@ -36,15 +31,13 @@ fastest) or, with BY_COLUMN, column by column. With DYNAMIC the tiles go in the 
 loader asks next: it claims a tile number from a counter in global memory (one atomic add by one lane) as its ring
 has room for the tile's first step, and hands the number to the product warpgroups through a two-slot ring in shared
 memory. A stage whose programs start at different times (on SMs that the kernel before frees at different times) then
-ends at about one time on every SM instead of inheriting the lag (docs/performance.md, v31). The tiles' products are
+ends at about one time on every SM instead of inheriting the lag. The tiles' products are
 the same, so are the bits. With SLAB_STEPS (T <= 256) B stays in shared memory instead: program p
 takes a contiguous run of the tiles column by column, the loader loads the T x 256 slab of B of each column it
 reaches once (after both warpgroups are done with the slab before), and a tile reads only A's block from L2, a third
-of the bytes of A's and B's at T = 256 (grad_w1/grad_w3 alone 6-7% faster at T = 196-256; grad_w2, whose programs load a
-slab for every 14 tiles rather than 28, slower: docs/performance.md, v23). The slab changes whole: handed back block by
-block, so that a new column's first blocks load under the last tile's products, the kernel was 5-10% slower alone;
-and it needs its four stages of A and half-width staging (3 stages, or 5 with quarter-width staging: 9-15% slower;
-v24). Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1 through c_desc, rows
+of the bytes of A's and B's at T = 256 (it pays for grad_w1/grad_w3, not for grad_w2, whose programs load a slab for
+every 14 tiles rather than 28). The slab changes whole (handed back block by block it was slower), and it needs its
+four stages of A and half-width staging. Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1 through c_desc, rows
 [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with c_high_desc the same
 as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4
 stages of A (64 KB), B's resident slab (128 KB) and the staging. Registers: 12 warps (4 + 4 + the loader, padded to a
@@ -372,8 +365,8 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
             if (kk == r) & (j > 0):
                 _store_piece(staging, pieces[r], r, c_desc, c_high_desc, done_m, done_n, HIGH_FROM, WARPGROUP)
         step += 1
-    # The short step after the loop rather than a branch in it: the whole backward 2.0-2.9 us faster at T = 196,
-    # within 1 us at T = 296-512 (v25). An in-flight wgmma cannot leave an if, so the branch issues and waits.
+    # The short step after the loop rather than a branch in it: an in-flight wgmma cannot leave an if, so a branch in
+    # the loop would issue and wait at every step.
     if TAIL_STEPS > 0:
         s = wait_stage_ready(ready, step)
         a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1).slice(0, TAIL)
@@ -434,8 +427,8 @@ def weight_grad_ws_kernel(
         a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
         slab_ready = ready  # unused
         slab_free = ready  # unused
-    # Two 64-column blocks per warpgroup: staging the whole 64 x 256 would cost an operand stage (3 stages with
-    # full-width staging: 3-16% slower alone at T = 196-2048).
+    # Two 64-column blocks per warpgroup: staging the whole 64 x 256 would cost an operand stage, which the pipeline
+    # needs more.
     staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
     staging = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
     staging_second = gl.allocate_shared_memory(c_desc.dtype, staging_shape, c_desc.layout)
