@@ -159,6 +159,14 @@ def test_dh_with_and_without_the_gathered_copy(interpreted, dh_gathers_rows: boo
     assert_match_in_float32(outputs, expected)
 
 
+def test_dh_issued_right_behind_the_gather(interpreted) -> None:
+    """Schedule.dh_behind_gather: dh over the gathered copy issued before the side stream's x16 and grad_w2 gives the
+    reference's outputs."""
+    plan = with_schedule(small_plan(interpreted), dh_behind_gather=True, x16_at="after_gather", zeros_at="after_grad_w2")
+    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 80), torch.float32, torch.float32, plan=plan)
+    assert_match_in_float32(outputs, expected)
+
+
 @pytest.mark.parametrize(
     ("x16_at", "zeros_at"),
     [("start", "start"), ("start", "after_grad_w2"), ("after_dh", "after_dh"), ("after_gather", "after_grad_w2"),
@@ -642,6 +650,7 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
         layouts.append(dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, gathers_rows=not plan.dh.gathers_rows)))
     else:  # dh launched behind the gather as a programmatic dependent, or not (its wait for the gather must hold)
         layouts.append(dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, after_gather=not plan.dh.after_gather)))
+        layouts.append(with_schedule(plan, dh_behind_gather=not s.dh_behind_gather))  # dh issued before grad_w2 or after
         # x16 behind the gather beside dh on the SMs its fewest programs leave free (the 2048 bucket's layout)
         fewest = dataclasses.replace(plan, dh=dataclasses.replace(plan.dh, fewest_programs=True))
         layouts.append(with_schedule(fewest, x16_at="after_gather", zeros_at="after_grad_w2"))

@@ -189,6 +189,10 @@ class Schedule:
     # scatter: last on the caller's stream ("end"), on the side stream once dx is done ("side", beside
     # grad_w1/grad_w3), or on the caller's stream right behind dx ("after_dx")
     scatter_at: ScatterAt = "end"
+    # dh issued right behind the gather, ahead of the side stream's launches (x16, grad_w2, the zeros), so that a call
+    # made on an idle GPU starts dh as soon as the gather ends rather than once the host has issued those (where dh
+    # gathers its own rows it is issued first anyway)
+    dh_behind_gather: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("x16_at", X16At), ("zeros_at", ZerosAt), ("scatter_at", ScatterAt)):
@@ -337,20 +341,22 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
         schedule=Schedule(grad_w13_on_side=True),
     )),
-    # From here the Gluon dh, behind the gather; dx first after it, grad_w1/grad_w3 beside dx.
+    # From here the Gluon dh, right behind the gather; dx first after it, grad_w1/grad_w3 beside dx.
     (320, Plan(
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
         dx=SwapAbDx(chunks=(256, 64), stages=3, split=2),
-        schedule=Schedule(x16_at="after_gather", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx"),
+        schedule=Schedule(x16_at="after_gather", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx",
+                          dh_behind_gather=True),
     )),
     (384, Plan(
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True),
         grad_w13=GluonWeightGrad(dynamic=True),
         dx=SwapAbDx(chunks=(256, 128), stages=3, split=2),
-        schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx"),
+        schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx",
+                          dh_behind_gather=True),
     )),
     # dx into the selected rows, no scatter; the zeros behind dx, out of the side stream's way.
     (1024, Plan(

@@ -590,19 +590,18 @@ def _issue(p: Problem, plan: Plan) -> None:
         side_operands_ready = p.recorded_event(side)
     if not dh_first:
         gather(p, launch_dependents=isinstance(plan.dh, GluonDh) and plan.dh.after_gather)
-    with _after(p, side, None if dh_first else p.recorded_event(caller)):  # grad_w2 once the gather has written ge
+        ge_written = p.recorded_event(caller)
+        if s.dh_behind_gather:
+            dh_done = _dh_behind_gather(p, plan, caller)
+    with _after(p, side, None if dh_first else ge_written):  # grad_w2 once the gather has written ge
         if s.x16_at == "after_gather":
             routing_x16(p)
             side_operands_ready = p.recorded_event(side)
         grad_w2(p, plan.grad_w2)
         if s.zeros_at == "after_grad_w2":
             zero_unselected(p)
-    if not dh_first:
-        if isinstance(plan.dh, GluonDh):
-            dh_swiglu_warp_specialized(p, plan.dh)
-        else:
-            dh_swiglu(p, plan.dh.tile, gathered=True)
-        dh_done = p.recorded_event(caller)
+    if not (dh_first or s.dh_behind_gather):
+        dh_done = _dh_behind_gather(p, plan, caller)
     if "after_dh" in (s.x16_at, s.zeros_at):
         with _after(p, side, dh_done):
             if s.zeros_at == "after_dh":
@@ -621,6 +620,15 @@ def _issue(p: Problem, plan: Plan) -> None:
     p.wait(caller, p.recorded_event(side))
     if not (scatter_on_side or s.scatter_at == "after_dx" or plan.to_rows):
         scatter(p)
+
+
+def _dh_behind_gather(p: Problem, plan: Plan, caller: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+    """dh over the gathered copy of g, on the caller's stream behind the gather; the event that marks it done."""
+    if isinstance(plan.dh, GluonDh):
+        dh_swiglu_warp_specialized(p, plan.dh)
+    else:
+        dh_swiglu(p, plan.dh.tile, gathered=True)
+    return p.recorded_event(caller)
 
 
 def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, caller: torch.cuda.Stream | None,
