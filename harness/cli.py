@@ -367,8 +367,8 @@ def compare_cmd(
         comparing.render(
             comparing.summary(frame),
             fmt,
-            "Solutions (us; mean_us: call latency, synchronised per call at fresh addresses; mean_device_us: queue kept full; "
-            "S = SOL score; failed workloads score 0)",
+            "Solutions, us (latency: call latency, synchronised per call at fresh addresses; device: queue kept full; host: "
+            "the solution's own issue time; S: SOL score, 0 for a failed workload; vs fp32: speed-up over reference_fp32)",
             console,
         )
 

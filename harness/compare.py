@@ -142,12 +142,36 @@ def to_markdown(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
+# Headers of the summary's terminal view, short enough for a terminal's width (csv and markdown keep the names).
+TERMINAL_HEADERS = {
+    "mean_us": "latency",
+    "geomean_us": "geomean",
+    "mean_pct_sol": "%SOL",
+    "mean_pct_sol_measured": "%SOL meas.",
+    "mean_sol_score": "S",
+    "speedup_vs_baseline": "vs fp32",
+    "mean_device_us": "device",
+    "mean_device_sol_score": "S device",
+    "mean_host_us": "host",
+}
+NAME_COLUMNS = ("device", "suite", "solution")
+
+
 def rich_table(frame: pd.DataFrame, title: str) -> Table:
+    """The frame for a terminal: a device or suite shared by every row goes to the title, `failed` (implied by
+    `passed`) is left out, and nothing is cut short (a long header or cell folds onto more lines), so that similar
+    solution names stay apart."""
+    shared = [column for column in ("device", "suite") if column in frame and frame[column].nunique() == 1]
+    if shared:
+        title = f"{', '.join(str(frame[column].iloc[0]) for column in shared)}: {title}"
+    shown = frame.drop(columns=shared + (["failed"] if "passed" in frame else []))
     table = Table(title=title, show_lines=False)
-    for column in frame.columns:
-        numeric = pd.api.types.is_numeric_dtype(frame[column])
-        table.add_column(str(column), justify="right" if numeric else "left")
-    for row in frame.itertuples(index=False):
+    for column in shown.columns:
+        numeric = pd.api.types.is_numeric_dtype(shown[column])
+        longest = max(len(_format(value)) for value in shown[column]) if column in NAME_COLUMNS else None
+        header = TERMINAL_HEADERS.get(str(column), str(column))
+        table.add_column(header, justify="right" if numeric else "left", min_width=longest, overflow="fold")
+    for row in shown.itertuples(index=False):
         cells = []
         for value in row:
             text = _format(value)

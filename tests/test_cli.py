@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from harness import compare as comparing
 from harness.cli import app
 from harness.registry import discover
 from tests.conftest import HAS_CUDA
@@ -240,3 +242,24 @@ def test_list_marks_a_solution_whose_extra_is_not_installed(make_solution) -> No
     root = make_solution("peer", "def run(*tensors):\n    pass\n", extra_yaml="requires: [not_installed_peer_xyz]\nextra: peer\n")
     listed = invoke("list", "--solutions-dir", str(root))
     assert listed.exit_code == 0 and "unavailable" in listed.output and "pip install -e '.[peer]'" in listed.output
+
+
+def test_the_terminal_table_never_cuts_a_solution_name_short() -> None:
+    """Two solutions whose names share a long prefix stay apart in a narrow terminal: names are never cut, a device
+    and suite shared by every row go to the title, and the headers are short."""
+    frame = pd.DataFrame(
+        {
+            "device": ["nvidia-h200"] * 2,
+            "suite": ["public"] * 2,
+            "solution": ["torch_compile_max_autotune", "torch_compile"],
+            "passed": ["16/16", "16/16"],
+            "failed": [0, 0],
+            "mean_us": [917.9, 978.8],
+            "mean_device_us": [623.6, 675.8],
+        }
+    )
+    console = Console(width=60, record=True)
+    console.print(comparing.rich_table(frame, "Solutions"))
+    text = console.export_text()
+    assert "torch_compile_max_autotune" in text and "nvidia-h200, public: Solutions" in text
+    assert "latency" in text and "failed" not in text
