@@ -8,6 +8,7 @@ exported only when asked, marked partial.
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import math
 from pathlib import Path
 
@@ -346,6 +347,18 @@ def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> Tr
     )
 
 
+def extra_requirements(extra: str | None) -> list[str]:
+    """The requirements of this project's optional extra (a solution's `extra`), as installed: what the solution needs
+    beyond torch and triton wherever it runs."""
+    if extra is None:
+        return []
+    marker = f'extra == "{extra}"'
+    requirements = [r.split(";")[0].strip() for r in importlib.metadata.requires("moe-bench") or [] if marker in r]
+    if not requirements:
+        raise ExportError(f"the project's metadata names no requirements for the extra '{extra}' (pip install -e .)")
+    return requirements
+
+
 def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, out_dir: Path, partial: bool) -> list[Path]:
     """definition.json, workload.jsonl, solution.json and traces.jsonl under out_dir."""
     _require_complete(result, partial)
@@ -367,7 +380,7 @@ def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, o
                 target_hardware=["LOCAL"],  # measured on an H200; the public enum names only B200
                 entry_point=f"{spec.name}/{spec.entry_point}",
                 destination_passing_style=spec.destination_passing_style,
-                dependencies=["torch"] + (["triton"] if spec.language == "triton" else []),
+                dependencies=["torch"] + (["triton"] if spec.language == "triton" else []) + extra_requirements(spec.extra),
             ),
         ).model_dump_json(indent=1),
         "traces.jsonl": "".join(

@@ -136,6 +136,15 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
         assert trace.evaluation.performance.speedup_factor > 1
 
 
+def test_a_solution_with_an_extra_exports_its_requirements(tmp_path: Path) -> None:
+    """quack_dgated needs the `quack` extra: its submission names those packages beside torch, as installed."""
+    solution = get_solution("quack_dgated")
+    write_sol_execbench(h200_result("quack_dgated"), solution, load_named_suite("public"), tmp_path, partial=False)
+    exported = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
+    assert exported.spec.dependencies == ["torch", "quack-kernels==0.6.5", "nvidia-cutlass-dsl[cu13]==4.7.0"]
+    assert get_solution("triton_fused").spec.extra is None
+
+
 @pytest.mark.parametrize("name", sorted(discover()))
 def test_every_solution_imports_as_the_public_evaluator_imports_it(tmp_path: Path, monkeypatch, name: str) -> None:
     """The public evaluator writes a solution's sources under its staging folder, puts that folder on sys.path and
