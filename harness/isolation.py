@@ -194,6 +194,17 @@ class Worker:
         return None
 
 
+def parent_summary(name: str, solutions_dir: Path, suite: Suite, options: BenchOptions, scorer: Scorer) -> BenchResult:
+    """A solution's result file as the parent describes it, where none of its workers lived to report the run."""
+    return BenchResult(
+        solution=solution_record(get_solution(name, solutions_dir)),
+        config=bench_config(suite, options),
+        provenance=provenance.collect(scorer.device, provenance.Clocks()),
+        duration_s=0.0,
+        workloads=[],
+    )
+
+
 def run_isolated(
     solutions: list[str],
     solutions_dir: Path,
@@ -223,15 +234,7 @@ def run_isolated(
             on_done(name, result)
     results = {}
     for name, worker in workers.items():
-        summary = worker.finish()
-        if summary is None:  # no worker lived to the end: the parent describes the run itself
-            summary = BenchResult(
-                solution=solution_record(get_solution(name, solutions_dir)),
-                config=bench_config(suite, options),
-                provenance=provenance.collect(scorer.device, provenance.Clocks()),
-                duration_s=0.0,
-                workloads=[],
-            )
+        summary = worker.finish() or parent_summary(name, solutions_dir, suite, options, scorer)
         summary.workloads = collected[name]
         summary.duration_s = worker.busy_seconds
         results[name] = summary

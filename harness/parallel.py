@@ -29,11 +29,9 @@ from pathlib import Path
 
 import torch
 
-from harness import provenance
-from harness.isolation import Timeouts, Worker
-from harness.registry import get_solution
+from harness.isolation import Timeouts, Worker, parent_summary
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
-from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
+from harness.runner import Baseline, BenchOptions, Scorer
 from harness.status import Status
 from harness.worker import bench_from_setup, job_setup
 from harness.workloads import Suite, Workload
@@ -171,13 +169,7 @@ def merge(
     merged = {}
     for name in solutions:
         own = sorted(collected.summaries[name], key=lambda s: s.provenance.timestamp)
-        result = own[0] if own else BenchResult(
-            solution=solution_record(get_solution(name, solutions_dir)),
-            config=bench_config(suite, options),
-            provenance=provenance.collect(scorer.device, provenance.Clocks()),
-            duration_s=0.0,
-            workloads=[],
-        )  # fmt: skip
+        result = own[0] if own else parent_summary(name, solutions_dir, suite, options, scorer)
         rescore = scorer.for_solution(name).rescore
         workloads = sorted(collected.results[name], key=lambda w: w.index)
         for w in workloads:
