@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -194,6 +195,43 @@ class Worker:
         return None
 
 
+@dataclass(frozen=True)
+class Job:
+    solution: str
+    workload: Workload
+    index: int  # the workload's index in the suite
+
+
+class Collected:
+    """What the jobs of a run have given so far, per solution: workload results, worker summaries and busy seconds,
+    and the baseline's T_b per workload as its results come in. Thread-safe."""
+
+    def __init__(self, solutions: list[str], baseline: dict[str, Baseline], on_done: Callable[[str, WorkloadResult], None]):
+        self.results: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
+        self.summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
+        self.busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
+        self.baseline = baseline
+        self._on_done = on_done
+        self._lock = threading.Lock()
+
+    def baseline_of(self, workload: Workload) -> Baseline | None:
+        with self._lock:
+            return self.baseline.get(workload.uuid)
+
+    def result(self, job: Job, result: WorkloadResult) -> None:
+        with self._lock:
+            self.results[job.solution].append(result)
+            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
+                self.baseline[job.workload.uuid] = Baseline.of(result)
+            self._on_done(job.solution, result)
+
+    def summary(self, solution: str, summary: BenchResult | None, busy_seconds: float) -> None:
+        with self._lock:
+            self.busy[solution] += busy_seconds
+            if summary is not None:
+                self.summaries[solution].append(summary)
+
+
 def parent_summary(name: str, solutions_dir: Path, suite: Suite, options: BenchOptions, scorer: Scorer) -> BenchResult:
     """A solution's result file as the parent describes it, where none of its workers lived to report the run."""
     return BenchResult(
@@ -222,20 +260,16 @@ def run_isolated(
     workers = {name: Worker(name, solutions_dir, device, options, results_dir, suite, timeouts) for name in ordered}
     for worker in workers.values():
         worker.start()
-    collected: dict[str, list[WorkloadResult]] = {name: [] for name in ordered}
-    baseline = scorer.baseline_from_file()
+    collected = Collected(ordered, scorer.baseline_from_file(), on_done)
     for workload in workloads:
         index = suite.workloads.index(workload)
         for name, worker in workers.items():
-            result = worker.workload(workload, index, baseline.get(workload.uuid), scorer.for_solution(name))
-            collected[name].append(result)
-            if name == BASELINE_SOLUTION and result.latency_us is not None:
-                baseline[workload.uuid] = Baseline.of(result)
-            on_done(name, result)
+            result = worker.workload(workload, index, collected.baseline_of(workload), scorer.for_solution(name))
+            collected.result(Job(name, workload, index), result)
     results = {}
     for name, worker in workers.items():
         summary = worker.finish() or parent_summary(name, solutions_dir, suite, options, scorer)
-        summary.workloads = collected[name]
+        summary.workloads = collected.results[name]
         summary.duration_s = worker.busy_seconds
         results[name] = summary
         worker.log.unlink(missing_ok=True)

@@ -29,49 +29,12 @@ from pathlib import Path
 
 import torch
 
-from harness.isolation import Timeouts, Worker, parent_summary
+from harness.isolation import Collected, Job, Timeouts, Worker, parent_summary
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
-from harness.runner import Baseline, BenchOptions, Scorer
+from harness.runner import BenchOptions, Scorer
 from harness.status import Status
 from harness.worker import bench_from_setup, job_setup
 from harness.workloads import Suite, Workload
-
-
-@dataclass(frozen=True)
-class Job:
-    solution: str
-    workload: Workload
-    index: int  # the workload's index in the suite
-
-
-class Collected:
-    """What the jobs of a run have given so far, per solution: workload results, worker summaries and busy seconds,
-    and the baseline's T_b per workload as its results come in. Thread-safe."""
-
-    def __init__(self, solutions: list[str], baseline: dict[str, Baseline], on_done: Callable[[str, WorkloadResult], None]):
-        self.results: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
-        self.summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
-        self.busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
-        self.baseline = baseline
-        self._on_done = on_done
-        self._lock = threading.Lock()
-
-    def baseline_of(self, workload: Workload) -> Baseline | None:
-        with self._lock:
-            return self.baseline.get(workload.uuid)
-
-    def result(self, job: Job, result: WorkloadResult) -> None:
-        with self._lock:
-            self.results[job.solution].append(result)
-            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
-                self.baseline[job.workload.uuid] = Baseline.of(result)
-            self._on_done(job.solution, result)
-
-    def summary(self, solution: str, summary: BenchResult | None, busy_seconds: float) -> None:
-        with self._lock:
-            self.busy[solution] += busy_seconds
-            if summary is not None:
-                self.summaries[solution].append(summary)
 
 
 def jobs_for(solutions: list[str], suite: Suite, workloads: list[Workload]) -> list[Job]:
