@@ -120,7 +120,7 @@ class Solution:
         files = sorted(
             path
             for path in self.folder.rglob("*")
-            if path.is_file() and path.suffix in {".py", ".yaml", ".cu", ".md"}
+            if path.is_file() and path.suffix in {".py", ".yaml", ".c", ".cu", ".md"}
             and not {"__pycache__", TOOLS_FOLDER} & set(path.relative_to(self.folder).parts)
         )  # fmt: skip
         return {str(path.relative_to(self.folder)): path.read_text() for path in files}

@@ -125,10 +125,10 @@ def test_a_call_that_raised_leaves_nothing_recorded() -> None:
 
 
 # A stand-in for Triton 3.6's CUDA launcher: CudaLauncher.__call__ hands grid, stream, kernel, options, scratch and
-# metadata to `launch`, a closure that encodes every descriptor argument (make_tensordesc_arg) and calls the C entry
-# point `launcher`. The call program reaches past both to the entry point.
+# metadata to `launch`, a closure that encodes every descriptor argument (make_tensordesc_arg: the CUtensorMap, then
+# the shape as i32 and the strides as i64) and calls the C entry point `launcher`.
 def make_tensordesc_arg(arg, metadata):
-    return [("map", arg.base.data_ptr(), metadata), *arg.block_shape]
+    return [("map", arg.base.data_ptr(), metadata), *arg.base.shape, *arg.base.stride()]
 
 
 def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
@@ -156,19 +156,78 @@ class CudaLauncher:
         self.launch(grid_x, grid_y, grid_z, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None, *args)
 
 
-def test_replay_through_the_entry_point_flattens_as_the_launcher_does() -> None:
+@dataclass
+class Source:
+    signature: dict
+
+
+@dataclass
+class Metadata:
+    num_warps: int = 4
+    num_ctas: int = 1
+    shared: int = 1024
+
+
+def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
+    """The native replay's description of a launch (native.py): the kernel's parameters in Triton 3.6's layout, a
+    descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
+    the call's tensors marked where their addresses go."""
     launch = launch_module()
+    module = FakeReplayModule()
+    monkeypatch.setattr(sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"], "_compiled_module", lambda: module)
     kernel, scratch = Kernel(), torch.zeros(8)
     kernel.compiled.run = CudaLauncher(kernel.log)
+    kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
+                                  "BLOCK": "constexpr"})  # fmt: skip
+    kernel.compiled.metadata = Metadata()
+    kernel.compiled.function = 1234
     first = [torch.ones(4), torch.ones(6)]
     program = launch.CallProgram()
     call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
-    assert program.operations[0].entry is not None
+    native = program.operations[0].native
+    assert native is not None
+    assert (native.function, native.grid, native.stream) == (1234, (4, 2, 1), "caller-stream")
+    assert (native.num_warps, native.num_ctas, native.shared_memory, native.pdl, native.cooperative) == (4, 1, 1024, True, False)
+    assert native.params == [
+        (8, first[0].data_ptr()), (128, ("map", first[1].data_ptr(), "meta")), (4, 6), (8, 1), (8, scratch.data_ptr()),
+        (4, 7), (8, 0), (8, 0),
+    ]  # fmt: skip
+    assert native.pointers == [(0, 0)] and native.maps == [(1, 1)]
+    assert program.native is not None and module.calls == [("new", 2), ("launch", native.function, native.params)]
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
     program.replay(later)
-    launched, replayed = kernel.log
-    head = (4, 2, 1, "caller-stream", "binary", False, True, None, None, "metadata", None, None, None)
-    assert launched[:13] == replayed[:13] == head
-    assert launched[13] is first[0] and replayed[13] is later[0]
-    assert launched[14] == ("map", first[1].data_ptr(), "meta") and replayed[14] == ("map", later[1].data_ptr(), "meta")
-    assert launched[15:] == replayed[15:] and replayed[16] is scratch
+    assert module.calls[-1] == ("replay", later) and len(kernel.log) == 1  # replayed by the C program alone
+
+
+class FakeReplayModule:
+    """A stand-in for the compiled replay.c: logs what the program is built of and replays."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def new(self, tensors):
+        self.calls.append(("new", tensors))
+        return "program"
+
+    def launch(self, program, function, grid, num_warps, num_ctas, shared, stream, pdl, cooperative, params, *patches):
+        self.calls.append(("launch", function, params))
+
+    def replay(self, program, tensors):
+        self.calls.append(("replay", tensors))
+
+
+def test_a_launch_the_native_replay_cannot_write_is_left_to_the_python_replay(monkeypatch) -> None:
+    launch = launch_module()
+    monkeypatch.setattr(sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"], "_compiled_module", FakeReplayModule)
+    kernel, scratch = Kernel(), torch.zeros(8)
+    kernel.compiled.run = CudaLauncher(kernel.log)
+    kernel.compiled.run.global_scratch_size = 64  # scratch allocated per launch: not recordable as bytes
+    kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
+                                  "BLOCK": "constexpr"})  # fmt: skip
+    tensors = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    assert program.recorded and program.operations[0].native is None and program.native is None
+    later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
+    program.replay(later)
+    assert kernel.log[-1][13] is later[0]  # through the launcher, from Python

@@ -856,8 +856,8 @@ def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int,
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [64, 128, 196, 256, 296, 336, 512, 2048])
 def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int) -> None:
-    """A call context's later calls replay its first call's launches (launch.py) with their own tensors: on inputs at
-    other addresses they give the same bits as a first call on those inputs, in every bucket."""
+    """A call context's later calls replay its first call's launches (launch.py, through replay.c) with their own
+    tensors: on inputs at other addresses they give the same bits as a first call on those inputs, in every bucket."""
     module = solution_module()
     dims = Dims(batch_seq_len=2 * tokens + 3, num_tokens=tokens)
     first, second = (generate_inputs(dims, seed, "cuda") for seed in (1, 2))
@@ -872,7 +872,7 @@ def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int) -> None:
     module._CONTEXTS.clear()
     outputs_of(first)
     (context,) = module._CONTEXTS.values()
-    assert context.program.recorded
+    assert context.program.recorded and context.program.native is not None  # replayed by replay.c
     replayed = outputs_of(second)
     for name, a, b in zip(module.OUTPUT_NAMES, launched, replayed):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name

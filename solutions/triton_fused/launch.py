@@ -10,10 +10,12 @@ specialisation and the launcher's decisions depend on: the plan, the shapes, str
 of the call's tensors, its stream and its scratch buffers. The first call of the context runs the launcher's code
 normally; every launch, event record and stream wait it makes goes through the program, which records it with the
 compiled kernel the JIT returned and notes which arguments are the call's own tensors (or descriptors over them).
-Later calls replay that list: each launch hands its recorded arguments, with the call's tensors put in, straight to
-the compiled kernel's launcher. A launch whose arguments include a view of one of the call's tensors (a new object
-each call, which the program could not substitute) leaves the program unrecorded, and every call then runs the
-launcher's code. Under Triton's CPU interpreter, which returns no compiled kernel, the same holds.
+Later calls replay that list with the call's tensors put in: on the GPU as one C program (native.py, replay.c),
+which writes each call's addresses into the recorded parameters and calls the driver directly; where that program
+cannot be built, each launch hands its recorded arguments to the compiled kernel's launcher from Python. A launch whose
+arguments include a view of one of the call's tensors (a new object each call, which the program could not
+substitute) leaves the program unrecorded, and every call then runs the launcher's code. Under Triton's CPU
+interpreter, which returns no compiled kernel, the same holds.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 import torch
 
+from .native import NativeLaunch, NativeProgram, Unsupported, describe_launch
+
 
 @dataclass
 class _Launch:
@@ -35,86 +39,23 @@ class _Launch:
     values: list[Any]  # every parameter, constexprs included, in order, as the first call passed them
     tensors: list[tuple[int, int]]  # (parameter position, index of the call's tensor) to put in
     descriptors: list[tuple[Any, int]]  # (descriptor, index of the call's tensor that is its base)
-    entry: _EntryPoint | None = None  # where reachable, the launcher's C entry point and its arguments
+    native: NativeLaunch | None = None  # the launch as the native replay takes it, where it can be described
 
     def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        if self.entry is not None:
-            self.entry(call_tensors)
-        else:
-            values = self.values.copy()
-            for position, index in self.tensors:
-                values[position] = call_tensors[index]
-            for descriptor, index in self.descriptors:
-                descriptor.base = call_tensors[index]
-            c = self.compiled
-            c.run(*self.grid, self.stream, c.function, c.packed_metadata, None, None, None, *values)
+        """Launch through the compiled kernel's launcher (the Python replay)."""
+        values = self.values.copy()
+        for position, index in self.tensors:
+            values[position] = call_tensors[index]
+        for descriptor, index in self.descriptors:
+            descriptor.base = call_tensors[index]
+        c = self.compiled
+        c.run(*self.grid, self.stream, c.function, c.packed_metadata, None, None, None, *values)
         self.release()
 
     def release(self) -> None:
         """Let go of the call's tensors, which the program must not keep alive between calls."""
         for descriptor, _ in self.descriptors:
             descriptor.base = None
-
-
-@dataclass
-class _EntryPoint:
-    """A launch handed straight to the launcher's C entry point, its arguments flattened as Triton's wrapper flattens
-    them: each TMA descriptor over the context's scratch encoded once, at recording, and only those over the call's
-    tensors encoded again on every call (Triton's wrapper encodes every descriptor of every launch)."""
-
-    function: Any  # the C entry point
-    head: tuple  # grid, stream, kernel, launch options and metadata, as CudaLauncher passes them
-    flat: list[Any]  # the flattened arguments, the call's own left as None
-    tensors: list[tuple[int, int]]  # (flat position, index of the call's tensor)
-    descriptors: list[tuple[int, Any, Any, int]]  # (flat position, descriptor, its metadata, index of its base)
-    encode: Any  # Triton's make_tensordesc_arg
-
-    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        flat = self.flat.copy()
-        for position, index in self.tensors:
-            flat[position] = call_tensors[index]
-        for position, descriptor, metadata, index in self.descriptors:
-            descriptor.base = call_tensors[index]
-            flat[position] = self.encode(descriptor, metadata)[0]
-        self.function(*self.head, *flat)
-
-    @classmethod
-    def of(cls, launch: _Launch) -> _EntryPoint | None:
-        """The entry point of a recorded launch, for Triton 3.6's CUDA launcher (CudaLauncher, whose `launch` is the C
-        entry point itself, or a closure over it that encodes the descriptors), with no scratch memory to allocate
-        per launch; None for any other, which then launches through the compiled kernel's `run`."""
-        run = launch.compiled.run
-        if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
-            return None
-        wrapper = getattr(run, "launch", None)
-        if inspect.isbuiltin(wrapper):
-            function, positions, metadata, encode = wrapper, set(), [], None
-        else:
-            closure = getattr(wrapper, "__closure__", None) or ()
-            cells = dict(zip(getattr(getattr(wrapper, "__code__", None), "co_freevars", ()), (c.cell_contents for c in closure)))
-            encode = getattr(wrapper, "__globals__", {}).get("make_tensordesc_arg")
-            if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys() or encode is None:
-                return None
-            function, positions, metadata = cells["launcher"], cells["tensordesc_indices"], cells["tensordesc_meta"]
-        substituted = dict(launch.tensors)
-        bases = {id(descriptor): index for descriptor, index in launch.descriptors}
-        entry = cls(function, (), [], [], [], encode)
-        described = 0
-        for position, value in enumerate(launch.values):
-            if position in positions:
-                meta = metadata[described]
-                described += 1
-                if id(value) in bases:
-                    entry.descriptors.append((len(entry.flat), value, meta, bases[id(value)]))
-                entry.flat.extend(encode(value, meta))
-            else:
-                if position in substituted:
-                    entry.tensors.append((len(entry.flat), substituted[position]))
-                entry.flat.append(value)
-        c = launch.compiled
-        entry.head = (*launch.grid, launch.stream, c.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-                      c.packed_metadata, None, None, None)  # fmt: skip
-        return entry
 
 
 @dataclass
@@ -146,6 +87,7 @@ class CallProgram:
     def __init__(self) -> None:
         self.operations: list[_Launch | _Record | _Wait] = []
         self.recorded = False  # the first call ended and every operation could be recorded
+        self.native: NativeProgram | None = None  # the recorded operations as one C program, where it could be built
         # Recording starts with a call's begin, not before: launches of a context's kernels outside a call (a test or a
         # sweep driving single stages) are never kept, and stops at the first call's end or at an operation it cannot
         # record.
@@ -170,13 +112,30 @@ class CallProgram:
             self._recording = self._may_record = False
             if not self.recorded:
                 self.operations.clear()
+            self.native = self._native_program()
             for operation in self.operations:
                 if isinstance(operation, _Launch):
                     operation.release()
 
     def replay(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        if self.native is not None:
+            self.native(call_tensors)
+            return
         for operation in self.operations:
             operation(call_tensors)
+
+    def _native_program(self) -> NativeProgram | None:
+        if not self.recorded or any(isinstance(op, _Launch) and op.native is None for op in self.operations):
+            return None
+        return NativeProgram.build(
+            [
+                ("launch", op.native) if isinstance(op, _Launch)
+                else ("record", (op.event.cuda_event, op.stream.cuda_stream)) if isinstance(op, _Record)
+                else ("wait", (op.stream.cuda_stream, op.event.cuda_event))
+                for op in self.operations
+            ],
+            len(self._tensors),
+        )  # fmt: skip
 
     def launch(
         self, kernel: Any, grid: Sequence[int], stream: torch.cuda.Stream | None, caller: Any, *args: Any, **kwargs: Any
@@ -202,9 +161,12 @@ class CallProgram:
                 self._note(value.base, lambda index, d=value: launch.descriptors.append((d, index)))
         if not self._recording:  # an argument could not be recorded
             return
+        try:
+            launch.native = describe_launch(compiled, grid3, launch.stream, values, self._tensors)
+        except Unsupported:
+            launch.native = None
         for position, _ in launch.tensors:
             launch.values[position] = None
-        launch.entry = _EntryPoint.of(launch)
         self.operations.append(launch)
 
     def _note(self, tensor: torch.Tensor, substitute: Any) -> None:

@@ -1,10 +1,12 @@
 """Launcher of the fused Triton backward: scratch buffers, tensor descriptors, and the launches of each bucket's plan
-(plan.py) on two streams, recorded on a call context's first call and replayed on later ones (launch.py).
+(plan.py) on two streams, recorded on a call context's first call and replayed on later ones (launch.py; on the GPU
+by a small C program, native.py and replay.c).
 
 The kernels: kernels.py (Triton: the per-token kernels, dh, the weight gradients, dx) and the warp-specialised Gluon
 kernels of dh (dh_warp_specialized.py), the weight gradients (weight_grad_warp_specialized.py), dx (dx_warp_specialized.py
 and, transposed, dx_swap_ab.py) and dx with grad_w1/grad_w3 (dx_grad_weight_warp_specialized.py). The folder is
-self-contained: it needs torch and triton only, so an exported copy runs without this repository.
+self-contained: it needs torch and triton only (replay.c is built by Triton's own tool for its launchers, with the C
+compiler Triton needs anyway), so an exported copy runs without this repository.
 """
 
 from __future__ import annotations

@@ -1,0 +1,191 @@
+"""A call program replayed by one C call (replay.c): the launches' parameters as the kernels take them, recorded once.
+
+Replaying through Triton's launcher still costs 5-20 us per launch: its C entry point parses every argument from
+Python, asks the driver about every pointer and, through Triton's Python wrapper, encodes every TMA descriptor again.
+Here each launch is described once, at recording, as the kernel's parameters in bytes (Triton 3.6's layout: the
+launcher's signature with every tensor descriptor expanded, constexprs left out, two scratch pointers at the end),
+with the positions that take the call's tensors; replay.c then writes each call's addresses in and calls the driver
+directly. The layout is checked against the kernel's own (cuFuncGetParamInfo) when the program is built; a launcher
+of another shape (another Triton) or parameters this cannot write leave the program to the Python replay.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import struct
+import subprocess
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Bytes of each scalar type of Triton's signatures; floats are written as their bits (FLOAT_FORMATS).
+SIZES = {"i1": 1, "i8": 1, "u1": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "fp32": 4,
+         "f32": 4, "fp64": 8, "nvTmaDesc": 128}  # fmt: skip
+FLOAT_FORMATS = {"fp32": ("<f", "<I"), "f32": ("<f", "<I"), "fp64": ("<d", "<Q")}
+POINTER_SIZE = 8
+SCRATCH_POINTERS = 2  # global and profile scratch, which Triton's launcher appends to every launch
+
+
+class Unsupported(Exception):
+    """A launch whose parameters the native replay cannot write (the Python replay takes it)."""
+
+
+@dataclass
+class NativeLaunch:
+    """One launch as replay.c's `launch` takes it: configuration, (size, value) per parameter, and which parameters
+    take a call tensor's address (pointers) or a TMA descriptor over a call tensor (maps), as (parameter, tensor)."""
+
+    function: int
+    grid: tuple[int, int, int]
+    num_warps: int
+    num_ctas: int
+    shared_memory: int
+    stream: int
+    pdl: bool
+    cooperative: bool
+    params: list[tuple[int, Any]]
+    pointers: list[tuple[int, int]]
+    maps: list[tuple[int, int]]
+
+
+def describe_launch(
+    compiled: Any, grid: tuple[int, int, int], stream: int, values: Sequence[Any], call_tensors: Sequence[torch.Tensor]
+) -> NativeLaunch:
+    """The native description of a launch of `compiled` with `values` (every parameter of the kernel, constexprs
+    included, as the JIT was handed them); raises Unsupported where it cannot be made."""
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        raise Unsupported("the kernel needs scratch memory allocated per launch")
+    descriptor_positions, metadata, encode = _descriptor_handling(run)
+    signature = list(compiled.src.signature.values())
+    if len(signature) != len(values):
+        raise Unsupported(f"{len(values)} values for {len(signature)} parameters")
+    flat_types: list[str] = []
+    flat_values: list[Any] = []
+    maps_of: dict[int, torch.Tensor] = {}  # flat position of a descriptor's map -> its base
+    described = 0
+    for position, (kind, value) in enumerate(zip(signature, values)):
+        if not isinstance(kind, str):
+            raise Unsupported(f"parameter type {kind!r}")
+        if position in descriptor_positions:
+            meta = metadata[described] if metadata else None
+            described += 1
+            ndim = re.match(r"tensordesc<[^[>]*\[([^]]*)\]", kind).group(1).count(",") + 1
+            head = ["nvTmaDesc"] if meta is not None else ["*", *["i64"] * (2 * ndim), "i1"]
+            if meta is not None:
+                maps_of[len(flat_values)] = value.base
+            flat_types += [*head, *["i32"] * ndim, *["i64"] * ndim]
+            flat_values += encode(value, meta)
+        else:
+            flat_types.append(kind)
+            flat_values.append(value)
+    if len(flat_types) != len(flat_values):
+        raise Unsupported("a descriptor's encoding does not match its expanded signature")
+    index_of = {id(t): i for i, t in enumerate(call_tensors)}
+    launch = NativeLaunch(compiled.function, grid, compiled.metadata.num_warps, compiled.metadata.num_ctas,
+                          compiled.metadata.shared, stream, bool(run.launch_pdl), bool(run.launch_cooperative_grid),
+                          [], [], [])  # fmt: skip
+    for position, (kind, value) in enumerate(zip(flat_types, flat_values)):
+        if kind == "constexpr":
+            continue
+        param = len(launch.params)
+        if kind.startswith("*"):
+            if isinstance(value, torch.Tensor) and id(value) in index_of:
+                launch.pointers.append((param, index_of[id(value)]))
+            launch.params.append((POINTER_SIZE, _address(value)))
+        elif kind == "nvTmaDesc":
+            base = maps_of[position]
+            if id(base) in index_of:
+                launch.maps.append((param, index_of[id(base)]))
+            launch.params.append((SIZES[kind], value))
+        elif kind in FLOAT_FORMATS:
+            pack, unpack = FLOAT_FORMATS[kind]
+            launch.params.append((SIZES[kind], struct.unpack(unpack, struct.pack(pack, value))[0]))
+        elif kind in SIZES:
+            launch.params.append((SIZES[kind], int(value)))
+        else:
+            raise Unsupported(f"parameter type {kind}")
+    launch.params += [(POINTER_SIZE, 0)] * SCRATCH_POINTERS
+    return launch
+
+
+def _address(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    if isinstance(value, int):
+        return value
+    raise Unsupported(f"a pointer parameter of type {type(value).__name__}")
+
+
+def _descriptor_handling(run: Any) -> tuple[set[int], list, Callable | None]:
+    """Which of a launcher's parameters are tensor descriptors, their metadata and Triton's encoder, for Triton 3.6's
+    CudaLauncher: its `launch` is the C entry point itself (no descriptors) or a closure over it that encodes them."""
+    wrapper = getattr(run, "launch", None)
+    if inspect.isbuiltin(wrapper):
+        return set(), [], None
+    closure = getattr(wrapper, "__closure__", None) or ()
+    cells = dict(zip(getattr(getattr(wrapper, "__code__", None), "co_freevars", ()), (c.cell_contents for c in closure)))
+    encode = getattr(wrapper, "__globals__", {}).get("make_tensordesc_arg")
+    if not {"tensordesc_indices", "tensordesc_meta"} <= cells.keys() or encode is None:
+        raise Unsupported("not Triton 3.6's CUDA launcher")
+    return cells["tensordesc_indices"], cells["tensordesc_meta"], encode
+
+
+@functools.cache
+def _compiled_module() -> Any | None:
+    """replay.c, compiled once per machine by Triton's own tool for its launchers (and kept in Triton's cache); None,
+    with a warning, where it cannot be (the Python replay then serves)."""
+    try:
+        from triton.backends.nvidia import driver
+        from triton.runtime.build import compile_module_from_src
+
+        return compile_module_from_src(
+            src=(Path(__file__).parent / "replay.c").read_text(),
+            name="triton_fused_replay",
+            library_dirs=driver.library_dirs(),
+            include_dirs=driver.include_dirs,
+            libraries=driver.libraries,
+        )
+    # no C compiler, no libcuda, a compiler error: the slower, equivalent Python replay serves
+    except (ImportError, OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as error:
+        warnings.warn(f"triton_fused replays its launches from Python: replay.c did not build ({error})", stacklevel=2)
+        return None
+
+
+class NativeProgram:
+    """The launches, event records and stream waits of a recorded call, as one C program."""
+
+    def __init__(self, module: Any, program: Any) -> None:
+        self._replay = functools.partial(module.replay, program)
+
+    @classmethod
+    def build(cls, operations: Sequence[tuple[str, Any]], tensors: int) -> NativeProgram | None:
+        """The program of ("launch", NativeLaunch), ("record", (event, stream)) and ("wait", (stream, event)) operations
+        over calls of `tensors` tensors; None where replay.c is not available or a launch does not match its kernel."""
+        module = _compiled_module()
+        if module is None:
+            return None
+        program = module.new(tensors)
+        try:
+            for kind, operation in operations:
+                if kind == "launch":
+                    o = operation
+                    module.launch(program, o.function, o.grid, o.num_warps, o.num_ctas, o.shared_memory, o.stream,
+                                  o.pdl, o.cooperative, o.params, o.pointers, o.maps)  # fmt: skip
+                else:
+                    getattr(module, kind)(program, *operation)
+        except (TypeError, ValueError) as error:
+            warnings.warn(f"triton_fused replays its launches from Python: {error}", stacklevel=2)
+            return None
+        return cls(module, program)
+
+    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
+        self._replay(call_tensors)
