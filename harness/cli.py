@@ -188,7 +188,7 @@ def bench(
 
     Several solutions run side by side, interleaved per workload; each gets its own result file.
     """
-    from harness.isolation import Timeouts, run_isolated
+    from harness.isolation import RunPlan, Timeouts, run_isolated
     from harness.parallel import device_slots, run_local, run_ray
     from harness.runner import Bench, BenchOptions, Scorer, run_side_by_side
 
@@ -247,25 +247,17 @@ def bench(
         def advance(name: str, result: WorkloadResult) -> None:
             progress.update(task, advance=1, description=f"{name}: #{result.index} {result.status.value}")
 
-        timeouts = Timeouts(compile_s=compile_timeout, run_s=run_timeout)
-        names = [sol.name for sol in solutions]
+        plan = RunPlan([sol.name for sol in solutions], solutions_dir, options, results_dir, chosen_suite, chosen, scorer,
+                       Timeouts(compile_s=compile_timeout, run_s=run_timeout), advance)  # fmt: skip
         if backend == "ray":
             try:
-                by_name = run_ray(names, solutions_dir, dev.type, options, results_dir, chosen_suite, chosen, timeouts, scorer,
-                                  ray_address, advance)  # fmt: skip
+                results = list(run_ray(plan, dev.type, ray_address).values())
             except ValueError as exc:
                 fail(str(exc))
-            results = list(by_name.values())
         elif len(devices) > 1:
-            by_name = run_local(
-                names, solutions_dir, devices, options, results_dir, chosen_suite, chosen, timeouts, scorer, advance
-            )
-            results = list(by_name.values())
+            results = list(run_local(plan, devices).values())
         elif isolation:
-            by_name = run_isolated(
-                names, solutions_dir, str(dev), options, results_dir, chosen_suite, chosen, timeouts, scorer, advance,
-            )  # fmt: skip
-            results = list(by_name.values())
+            results = list(run_isolated(plan, str(dev)).values())
         else:
             results = run_side_by_side(benches, chosen_suite, chosen, lambda bench, result: advance(bench.solution.name, result))
 

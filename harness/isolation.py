@@ -49,24 +49,57 @@ class Timeouts:
     run_s: float = 600.0  # one workload: its trials and its timing
 
 
+def _ignore(solution: str, result: WorkloadResult) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run of solutions in worker processes, whichever way the workers are spread (run_isolated here, run_local and
+    run_ray in harness.parallel): what is measured, how, where the results go, and who hears of each one."""
+
+    solutions: list[str]
+    solutions_dir: Path
+    options: BenchOptions
+    results_dir: Path
+    suite: Suite
+    workloads: list[Workload]
+    scorer: Scorer
+    timeouts: Timeouts = Timeouts()
+    on_done: Callable[[str, WorkloadResult], None] = _ignore  # each workload's result as it comes in
+
+    def setup(self, solution: str, device: str) -> dict:
+        """What a worker of `solution` on `device` is started with (harness.worker)."""
+        return job_setup(solution, self.solutions_dir, device, self.options, self.results_dir, self.suite)
+
+    def collected(self) -> Collected:
+        return Collected(self.solutions, self.scorer.baseline_from_file(), self.on_done)
+
+    def summary_without_workers(self, solution: str) -> BenchResult:
+        """A solution's result file as the parent describes it, where none of its workers lived to report the run."""
+        return BenchResult(
+            solution=solution_record(get_solution(solution, self.solutions_dir)),
+            config=bench_config(self.suite, self.options),
+            provenance=provenance.collect(self.scorer.device, provenance.Clocks()),
+            duration_s=0.0,
+            workloads=[],
+        )
+
+
 class Worker:
     """The parent's handle on one solution's worker process."""
 
     def __init__(
         self,
         solution: str,
-        solutions_dir: Path,
+        plan: RunPlan,
         device: str,
-        options: BenchOptions,
-        results_dir: Path,
-        suite: Suite,
-        timeouts: Timeouts,
         visible_gpu: str | None = None,  # the one GPU the worker sees (CUDA_VISIBLE_DEVICES), as its "cuda"
     ):
         self.solution = solution
         self.visible_gpu = visible_gpu
-        self.setup = job_setup(solution, solutions_dir, device, options, results_dir, suite)
-        self.timeouts = timeouts
+        self.setup = plan.setup(solution, device)
+        self.timeouts = plan.timeouts
         self.busy_seconds = 0.0
         self.finished: BenchResult | None = None
         self.log = Path(tempfile.mkstemp(prefix=f"harness-{solution}-", suffix=".log")[1])
@@ -232,45 +265,23 @@ class Collected:
                 self.summaries[solution].append(summary)
 
 
-def parent_summary(name: str, solutions_dir: Path, suite: Suite, options: BenchOptions, scorer: Scorer) -> BenchResult:
-    """A solution's result file as the parent describes it, where none of its workers lived to report the run."""
-    return BenchResult(
-        solution=solution_record(get_solution(name, solutions_dir)),
-        config=bench_config(suite, options),
-        provenance=provenance.collect(scorer.device, provenance.Clocks()),
-        duration_s=0.0,
-        workloads=[],
-    )
-
-
-def run_isolated(
-    solutions: list[str],
-    solutions_dir: Path,
-    device: str,
-    options: BenchOptions,
-    results_dir: Path,
-    suite: Suite,
-    workloads: list[Workload],
-    timeouts: Timeouts,
-    scorer: Scorer,
-    on_done=lambda solution, result: None,
-) -> dict[str, BenchResult]:
-    """Like runner.run_side_by_side, with every solution in its own worker process."""
-    ordered = sorted(solutions, key=lambda name: name != BASELINE_SOLUTION)
-    workers = {name: Worker(name, solutions_dir, device, options, results_dir, suite, timeouts) for name in ordered}
+def run_isolated(plan: RunPlan, device: str) -> dict[str, BenchResult]:
+    """Like runner.run_side_by_side, with every solution in its own worker process on `device`."""
+    ordered = sorted(plan.solutions, key=lambda name: name != BASELINE_SOLUTION)
+    workers = {name: Worker(name, plan, device) for name in ordered}
     for worker in workers.values():
         worker.start()
-    collected = Collected(ordered, scorer.baseline_from_file(), on_done)
-    for workload in workloads:
-        index = suite.workloads.index(workload)
+    collected = plan.collected()
+    for workload in plan.workloads:
+        index = plan.suite.workloads.index(workload)
         for name, worker in workers.items():
-            result = worker.workload(workload, index, collected.baseline_of(workload), scorer.for_solution(name))
+            result = worker.workload(workload, index, collected.baseline_of(workload), plan.scorer.for_solution(name))
             collected.result(Job(name, workload, index), result)
     results = {}
     for name, worker in workers.items():
-        summary = worker.finish() or parent_summary(name, solutions_dir, suite, options, scorer)
+        summary = worker.finish() or plan.summary_without_workers(name)
         summary.workloads = collected.results[name]
         summary.duration_s = worker.busy_seconds
         results[name] = summary
         worker.log.unlink(missing_ok=True)
-    return {name: results[name] for name in solutions}
+    return {name: results[name] for name in plan.solutions}

@@ -23,17 +23,15 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from harness.isolation import Collected, Job, Timeouts, Worker, parent_summary
+from harness.isolation import Collected, Job, RunPlan, Worker
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
-from harness.runner import BenchOptions, Scorer
+from harness.runner import Scorer
 from harness.status import Status
-from harness.worker import bench_from_setup, job_setup
+from harness.worker import bench_from_setup
 from harness.workloads import Suite, Workload
 
 
@@ -72,23 +70,12 @@ def device_slots(requested: str, device_type: str) -> list[Slot]:
     return [Slot("cuda", ids[i]) for i in range(count)]
 
 
-def run_local(
-    solutions: list[str],
-    solutions_dir: Path,
-    devices: list[Slot],
-    options: BenchOptions,
-    results_dir: Path,
-    suite: Suite,
-    workloads: list[Workload],
-    timeouts: Timeouts,
-    scorer: Scorer,
-    on_done: Callable[[str, WorkloadResult], None] = lambda solution, result: None,
-) -> dict[str, BenchResult]:
+def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
     """The jobs on one worker thread per device slot (see the module's docstring)."""
     jobs: queue.Queue[Job] = queue.Queue()
-    for job in jobs_for(solutions, suite, workloads):
+    for job in jobs_for(plan.solutions, plan.suite, plan.workloads):
         jobs.put(job)
-    collected = Collected(solutions, scorer.baseline_from_file(), on_done)
+    collected = plan.collected()
 
     def slot(index: int, device: Slot) -> None:
         workers: dict[str, Worker] = {}
@@ -99,12 +86,10 @@ def run_local(
                 break
             worker = workers.get(job.solution)
             if worker is None:
-                worker = workers[job.solution] = Worker(
-                    job.solution, solutions_dir, device.device, options, results_dir, suite, timeouts, device.visible_gpu
-                )
+                worker = workers[job.solution] = Worker(job.solution, plan, device.device, device.visible_gpu)
                 worker.start()
             known = collected.baseline_of(job.workload)
-            result = worker.workload(job.workload, job.index, known, scorer.for_solution(job.solution))
+            result = worker.workload(job.workload, job.index, known, plan.scorer.for_solution(job.solution))
             result.device_index = index
             collected.result(job, result)
         for name, worker in workers.items():
@@ -116,24 +101,17 @@ def run_local(
         thread.start()
     for thread in threads:
         thread.join()
-    return merge(solutions, solutions_dir, suite, options, scorer, collected)
+    return merge(plan, collected)
 
 
-def merge(
-    solutions: list[str],
-    solutions_dir: Path,
-    suite: Suite,
-    options: BenchOptions,
-    scorer: Scorer,
-    collected: Collected,
-) -> dict[str, BenchResult]:
+def merge(plan: RunPlan, collected: Collected) -> dict[str, BenchResult]:
     """One BenchResult per solution, as a one-device run writes it: workloads in suite order, T_b from the baseline
     of this run (or its file) and the verdicts re-derived, every device's provenance beside the first's."""
     merged = {}
-    for name in solutions:
+    for name in plan.solutions:
         own = sorted(collected.summaries[name], key=lambda s: s.provenance.timestamp)
-        result = own[0] if own else parent_summary(name, solutions_dir, suite, options, scorer)
-        rescore = scorer.for_solution(name).rescore
+        result = own[0] if own else plan.summary_without_workers(name)
+        rescore = plan.scorer.for_solution(name).rescore
         workloads = sorted(collected.results[name], key=lambda w: w.index)
         for w in workloads:
             known = collected.baseline.get(w.uuid)
@@ -161,19 +139,7 @@ def run_one_job(setup: dict, uuid: str) -> str:
     return bench.finish(suite, [result]).model_dump_json()
 
 
-def run_ray(
-    solutions: list[str],
-    solutions_dir: Path,
-    device_type: str,
-    options: BenchOptions,
-    results_dir: Path,
-    suite: Suite,
-    workloads: list[Workload],
-    timeouts: Timeouts,
-    scorer: Scorer,
-    address: str | None = None,
-    on_done: Callable[[str, WorkloadResult], None] = lambda solution, result: None,
-) -> dict[str, BenchResult]:
+def run_ray(plan: RunPlan, device_type: str, address: str | None = None) -> dict[str, BenchResult]:
     """The jobs as Ray tasks of one GPU each (one CPU each on a CPU machine), each in a fresh process."""
     try:
         import ray
@@ -183,27 +149,26 @@ def run_ray(
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     gpus = 1 if device_type == "cuda" else 0
     task = ray.remote(num_gpus=gpus, num_cpus=1, max_calls=1, max_retries=0)(run_one_job)
-    collected = Collected(solutions, scorer.baseline_from_file(), on_done)
+    collected = plan.collected()
     # As many tasks in flight as the cluster has devices for, so that each one's clock starts when it can run.
     slots = max(1, int(ray.cluster_resources().get("GPU" if gpus else "CPU", 1)))
-    waiting = jobs_for(solutions, suite, workloads)
+    waiting = jobs_for(plan.solutions, plan.suite, plan.workloads)
     pending: dict[object, tuple[Job, float]] = {}
-    limit = timeouts.compile_s + timeouts.run_s
+    limit = plan.timeouts.compile_s + plan.timeouts.run_s
     while waiting or pending:
         while waiting and len(pending) < slots:
             job = waiting.pop(0)
-            setup = job_setup(job.solution, solutions_dir, device_type, options, results_dir, suite)
-            pending[task.remote(setup, job.workload.uuid)] = (job, time.perf_counter())
+            pending[task.remote(plan.setup(job.solution, device_type), job.workload.uuid)] = (job, time.perf_counter())
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
         now = time.perf_counter()
         for ref in ready or [r for r, (_, started) in pending.items() if now - started > limit]:
             job = pending.pop(ref)[0]
-            result = _ray_result(ray, ref, job, scorer, limit, ready)
+            result = _ray_result(ray, ref, job, plan.scorer, limit, ready)
             if isinstance(result, BenchResult):
                 collected.summary(job.solution, result, result.duration_s)
                 result = result.workloads[0]
             collected.result(job, result)
-    return merge(solutions, solutions_dir, suite, options, scorer, collected)
+    return merge(plan, collected)
 
 
 def _ray_result(ray, ref, job: Job, scorer: Scorer, limit: float, ready: list) -> BenchResult | WorkloadResult:

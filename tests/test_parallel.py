@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.isolation import Timeouts, run_isolated
+from harness.isolation import RunPlan, run_isolated
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR
 from harness.runner import BenchOptions, Scorer
@@ -56,7 +56,7 @@ def verdicts(result) -> list[tuple]:
 def one_worker(tmp_path_factory):
     results = tmp_path_factory.mktemp("one")
     return run_isolated(
-        SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, results, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, results)
+        RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, results, SMOKE, SMOKE.workloads[:3], Scorer(CPU, results)), "cpu"
     )
 
 
@@ -69,8 +69,8 @@ def check_same_as_one_worker(merged, one_worker, devices: int) -> None:
 
 
 def test_two_local_workers_decide_as_one(tmp_path: Path, one_worker) -> None:
-    merged = run_local(SOLUTIONS, SOLUTIONS_DIR, [Slot("cpu"), Slot("cpu")], OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3],
-                       Timeouts(), Scorer(CPU, tmp_path))  # fmt: skip
+    plan = RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Scorer(CPU, tmp_path))
+    merged = run_local(plan, [Slot("cpu"), Slot("cpu")])
     check_same_as_one_worker(merged, one_worker, 2)
     assert {w.device_index for name in SOLUTIONS for w in merged[name].workloads} <= {0, 1}
 
@@ -79,9 +79,8 @@ def test_ray_tasks_decide_as_one_worker(tmp_path: Path, one_worker) -> None:
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        merged = run_ray(
-            SOLUTIONS, SOLUTIONS_DIR, "cpu", OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Timeouts(), Scorer(CPU, tmp_path)
-        )
+        plan = RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Scorer(CPU, tmp_path))
+        merged = run_ray(plan, "cpu")
     finally:
         ray.shutdown()
     check_same_as_one_worker(merged, one_worker, 6)
@@ -89,7 +88,7 @@ def test_ray_tasks_decide_as_one_worker(tmp_path: Path, one_worker) -> None:
 
 def test_a_worker_that_dies_costs_only_its_job(tmp_path: Path) -> None:
     adversaries = Path(__file__).resolve().parent / "adversarial" / "solutions"
-    merged = run_local(["crashes_mid_suite"], adversaries, [Slot("cpu"), Slot("cpu")], OPTIONS, tmp_path, SMOKE, SMOKE.workloads,
-                       Timeouts(), Scorer(CPU, tmp_path))  # fmt: skip
+    plan = RunPlan(["crashes_mid_suite"], adversaries, OPTIONS, tmp_path, SMOKE, SMOKE.workloads, Scorer(CPU, tmp_path))
+    merged = run_local(plan, [Slot("cpu"), Slot("cpu")])
     statuses = [(w.num_tokens, w.status.value) for w in merged["crashes_mid_suite"].workloads]
     assert statuses == [(w.num_tokens, "RUNTIME_ERROR" if w.num_tokens == 17 else "PASSED") for w in SMOKE.workloads]
