@@ -3,10 +3,16 @@ each later call's tensors. A stand-in kernel and stream play the JIT's and CUDA'
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 import torch
+import triton
 
 from harness.registry import get_solution
 
@@ -231,3 +237,18 @@ def test_a_launch_the_native_replay_cannot_write_is_left_to_the_python_replay(mo
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
     program.replay(later)
     assert kernel.log[-1][13] is later[0]  # through the launcher, from Python
+
+
+def test_replay_c_compiles_against_tritons_cuda_header() -> None:
+    """replay.c is built on the GPU machine by Triton's tool for its launchers, and where it does not build the slower
+    Python replay serves with only a warning; so the C compiler checks it here, against the cuda.h that Triton ships,
+    and a C error fails CI rather than a GPU run."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    cuda_include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    python_include = Path(sysconfig.get_paths()["include"])
+    if compiler is None or not (cuda_include / "cuda.h").exists() or not (python_include / "Python.h").exists():
+        pytest.skip("needs a C compiler, Triton's cuda.h and Python's headers")
+    source = get_solution("triton_fused").folder / "replay.c"
+    command = [compiler, "-fsyntax-only", "-Wall", "-Werror", f"-I{cuda_include}", f"-I{python_include}", str(source)]
+    built = subprocess.run(command, check=False, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
