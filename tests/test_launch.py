@@ -132,9 +132,13 @@ def test_a_call_that_raised_leaves_nothing_recorded() -> None:
 
 # A stand-in for Triton 3.6's CUDA launcher: CudaLauncher.__call__ hands grid, stream, kernel, options, scratch and
 # metadata to `launch`, a closure that encodes every descriptor argument (make_tensordesc_arg: the CUtensorMap, then
-# the shape as i32 and the strides as i64) and calls the C entry point `launcher`.
+# the shape as i32 and the strides as i64; for a descriptor the compiler did not lower to TMA, no metadata, its base,
+# shape and strides as i64, its padding flag, then shape and strides again) and calls the C entry point `launcher`.
 def make_tensordesc_arg(arg, metadata):
-    return [("map", arg.base.data_ptr(), metadata), *arg.base.shape, *arg.base.stride()]
+    shape, strides = list(arg.base.shape), list(arg.base.stride())
+    if metadata is None:
+        return [arg.base, *shape, *strides, False, *shape, *strides]
+    return [("map", arg.base.data_ptr(), metadata), *shape, *strides]
 
 
 def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
@@ -155,8 +159,8 @@ class CudaLauncher:
     global_scratch_size = profile_scratch_size = 0
     launch_cooperative_grid, launch_pdl = False, True
 
-    def __init__(self, log: list):
-        self.launch = wrap_handle_tensordesc(lambda *flat: log.append(flat), {1}, ["meta"])
+    def __init__(self, log: list, metadata: str | None = "meta"):
+        self.launch = wrap_handle_tensordesc(lambda *flat: log.append(flat), {1}, [metadata])
 
     def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
         self.launch(grid_x, grid_y, grid_z, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None, *args)
@@ -220,6 +224,27 @@ class FakeReplayModule:
 
     def replay(self, program, tensors):
         self.calls.append(("replay", tensors))
+
+
+def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(monkeypatch) -> None:
+    """Triton hands a descriptor that its compiler did not lower to TMA as the base pointer, shape and strides (i64),
+    padding flag (i1), then shape (i32) and strides (i64): the base is a call tensor's address to put in."""
+    launch = launch_module()
+    monkeypatch.setattr(sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"], "_compiled_module", FakeReplayModule)
+    kernel, scratch = Kernel(), torch.zeros(8)
+    kernel.compiled.run = CudaLauncher(kernel.log, metadata=None)
+    kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
+                                  "BLOCK": "constexpr"})  # fmt: skip
+    kernel.compiled.metadata = Metadata()
+    tensors = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    native = program.operations[0].native
+    assert native.params == [
+        (8, tensors[0].data_ptr()), (8, tensors[1].data_ptr()), (8, 6), (8, 1), (1, 0), (4, 6), (8, 1),
+        (8, scratch.data_ptr()), (4, 7), (8, 0), (8, 0),
+    ]  # fmt: skip
+    assert native.pointers == [(0, 0), (1, 1)] and native.maps == []
 
 
 def test_a_launch_the_native_replay_cannot_write_is_left_to_the_python_replay(monkeypatch) -> None:
