@@ -3,6 +3,8 @@ each later call's tensors. A stand-in kernel and stream play the JIT's and CUDA'
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -264,16 +266,107 @@ def test_a_launch_the_native_replay_cannot_write_is_left_to_the_python_replay(mo
     assert kernel.log[-1][13] is later[0]  # through the launcher, from Python
 
 
-def test_replay_c_compiles_against_tritons_cuda_header() -> None:
-    """replay.c is built on the GPU machine by Triton's tool for its launchers, and where it does not build the slower
-    Python replay serves with only a warning; so the C compiler checks it here, against the cuda.h that Triton ships,
-    and a C error fails CI rather than a GPU run."""
+@pytest.fixture(scope="module")
+def replay_on_fake_driver(tmp_path_factory):
+    """replay.c built with the C compiler against the cuda.h that Triton ships and linked with a stand-in for the
+    driver (tests/data/fake_cuda_driver.c) into one module: its replay logic runs without a GPU. On the GPU machine
+    replay.c is built by Triton's tool, and where it does not build only speed is lost (the Python replay serves, with
+    a warning), so a C error must fail here. (module, the stand-in driver through ctypes)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     cuda_include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
     python_include = Path(sysconfig.get_paths()["include"])
     if compiler is None or not (cuda_include / "cuda.h").exists() or not (python_include / "Python.h").exists():
         pytest.skip("needs a C compiler, Triton's cuda.h and Python's headers")
-    source = get_solution("triton_fused").folder / "replay.c"
-    command = [compiler, "-fsyntax-only", "-Wall", "-Werror", f"-I{cuda_include}", f"-I{python_include}", str(source)]
-    built = subprocess.run(command, check=False, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    built = tmp_path_factory.mktemp("replay") / f"triton_fused_replay{sysconfig.get_config_var('EXT_SUFFIX')}"
+    sources = [get_solution("triton_fused").folder / "replay.c", Path(__file__).parent / "data" / "fake_cuda_driver.c"]
+    command = [compiler, "-shared", "-fPIC", "-Wall", "-Werror", f"-I{cuda_include}", f"-I{python_include}",
+               *map(str, sources), "-o", str(built)]  # fmt: skip
+    compiled = subprocess.run(command, check=False, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    spec = importlib.util.spec_from_file_location("triton_fused_replay", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    driver = ctypes.PyDLL(str(built))  # the same loaded object: the module's log and settings
+    driver.fake_log.restype = ctypes.c_char_p
+    driver.fake_tensor_map.restype, driver.fake_tensor_map.argtypes = ctypes.py_object, [ctypes.c_ulonglong]
+    return module, driver
+
+
+class Address:
+    """A stand-in for a call's tensor: replay.c reads only its data_ptr()."""
+
+    def __init__(self, address: int):
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+# The stand-in kernel's parameters: a call tensor's address, a TMA descriptor over another, an i32, a scratch address
+# and Triton's two scratch pointers.
+SIZES = [8, 128, 4, 8, 8, 8]
+PDL, CLUSTER, CLUSTER_POLICY = 6, 4, 5  # CUlaunchAttributeID
+
+
+def fake_program(module, driver, launches: int):
+    """A program of `launches` launches of kernel 1, each followed by an event record and a stream wait; the first in
+    a cluster of two, every other one a programmatic dependent."""
+    driver.fake_set_params(1, len(SIZES), (ctypes.c_size_t * len(SIZES))(*SIZES))
+    driver.fake_fail_kernel(-1)
+    driver.fake_clear_log()
+    program = module.new(2)
+    for i in range(launches):
+        params = [(8, 0x1000), (128, driver.fake_tensor_map(0x2000)), (4, i), (8, 0x3000), (8, 0), (8, 0)]
+        module.launch(program, 1, (4, 2, 1), 4, 2 if i == 0 else 1, 1024, 7, i % 2 == 0, False, params, [(0, 0)], [(1, 1)])
+        module.record(program, 100 + i, 7)
+        module.wait(program, 9, 100 + i)
+    return program
+
+
+def test_replay_c_writes_each_calls_addresses_and_keeps_the_rest(replay_on_fake_driver) -> None:
+    """Every operation in order, each launch with the call's addresses in its pointer and its descriptor and the
+    recorded configuration, attributes and other parameters, on every call; past the 16 operations after which the
+    program's array of them moves (a launch's attributes must not point into the old one)."""
+    module, driver = replay_on_fake_driver
+    program = fake_program(module, driver, launches=20)
+    for tensors in ([0x5000, 0x6000], [0x7100, 0x8200]):
+        driver.fake_clear_log()
+        module.replay(program, [Address(a) for a in tensors])
+        expected = []
+        for i in range(20):
+            attributes = [PDL] * (i % 2 == 0) + [CLUSTER, CLUSTER_POLICY] * (i == 0)
+            expected += [
+                f"launch 1 grid {8 if i == 0 else 4} 2 1 block 128 shared 1024 stream 7 attributes"
+                + "".join(f" {a}" for a in attributes) + f" params {tensors[0]:x} {tensors[1]:x} {i:x} 3000 0 0",
+                f"record {100 + i} on 7",
+                f"wait 9 for {100 + i}",
+            ]  # fmt: skip
+        assert driver.fake_log().decode().splitlines() == expected
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [([8, 128, 8, 8, 8, 8], "parameter 2 has 4 bytes in the kernel, not 8"), (SIZES[:-1], "more than the 5 parameters")],
+)
+def test_replay_c_refuses_parameters_that_do_not_match_the_kernel(replay_on_fake_driver, sizes, message) -> None:
+    module, driver = replay_on_fake_driver
+    fake_program(module, driver, launches=0)
+    program = module.new(2)
+    params = [(size, driver.fake_tensor_map(0x2000) if size == 128 else 0) for size in sizes]
+    with pytest.raises(ValueError, match=message):
+        module.launch(program, 1, (1, 1, 1), 4, 1, 0, 7, False, False, params, [], [])
+
+
+def test_replay_c_errors_name_the_problem(replay_on_fake_driver) -> None:
+    module, driver = replay_on_fake_driver
+    program = fake_program(module, driver, launches=2)
+    with pytest.raises(ValueError, match="takes 2 tensors, not 1"):
+        module.replay(program, [Address(0x5000)])
+    with pytest.raises(TypeError, match="must be Triton's CUtensorMap"):
+        module.launch(program, 1, (1, 1, 1), 4, 1, 0, 7, False, False, [(8, 0), (128, 0), (4, 0), (8, 0), (8, 0), (8, 0)],
+                      [], [])  # fmt: skip
+    with pytest.raises(RuntimeError, match="operation 0 of the replay: cuTensorMapReplaceAddress failed"):
+        module.replay(program, [Address(0x5000), Address(0x6008)])  # a descriptor's base must be 16-byte aligned
+    driver.fake_fail_kernel(1)
+    with pytest.raises(RuntimeError, match="operation 0 of the replay: cuLaunchKernelEx failed: fake failure"):
+        module.replay(program, [Address(0x5000), Address(0x6000)])
