@@ -593,11 +593,7 @@ class Bench:
         if self.options.cuda_graph:
             result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
         if self.options.kernels and self.device.type == "cuda":
-
-            def prepare(i: int) -> None:
-                fill_inputs(pool[0], workload.dims, next(seeds))
-                guards.poison(output_pool[0])
-
+            prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, seeds)
             result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
 
     def _time_device(
@@ -669,11 +665,7 @@ class Bench:
             graph, produced = capture_graph(lambda: call(inputs, outputs), self.device)
         except Exception as exc:  # noqa: BLE001 - a solution that cannot be captured is this mode's result
             return GraphTiming(error="capture failed: " + _describe_exception(exc))
-
-        def prepare(i: int) -> None:
-            fill_inputs(inputs, workload.dims, next(seeds))
-            guards.poison(outputs)
-
+        prepare = _redrawn_in_place(inputs, outputs, workload.dims, seeds)
         try:
             timing, _ = time_call_latency(lambda i: graph.replay(), prepare, self.device, self.options.timing)
         except Exception as exc:  # noqa: BLE001
@@ -723,6 +715,19 @@ class Bench:
                         f"(numerically marginal, not counted as cheating): {detail}"
                     )
                 return
+
+
+def _redrawn_in_place(
+    inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], dims: Dims, seeds: Iterator[int]
+) -> Callable[[int], None]:
+    """A timer's `prepare` for calls on one input set: the inputs redrawn in place from the next seed, the outputs
+    poisoned."""
+
+    def prepare(i: int) -> None:
+        fill_inputs(inputs, dims, next(seeds))
+        guards.poison(outputs)
+
+    return prepare
 
 
 # Timed calls of each timing whose outputs are kept and verified in full against the reference after the timing.
