@@ -101,7 +101,6 @@ class Worker:
         self.setup = plan.setup(solution, device)
         self.timeouts = plan.timeouts
         self.busy_seconds = 0.0
-        self.finished: BenchResult | None = None
         self.log = Path(tempfile.mkstemp(prefix=f"harness-{solution}-", suffix=".log")[1])
         self._process: subprocess.Popen | None = None
         self._first_result_pending = True
