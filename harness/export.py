@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from harness import __version__
 from harness.compare import load_frame, summary
 from harness.provenance import REPO_ROOT
-from harness.registry import Solution
+from harness.registry import Solution, hash_sources
 from harness.results import BenchResult, WorkloadResult
 from harness.solexecbench import (
     Correctness,
@@ -87,7 +87,7 @@ def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
     docstrings aside), or for an older result the same text."""
     sources = solution.sources()
     expected = result.solution.source_sha256
-    current = solution.source_hashes(result.solution.source_hash_method)
+    current = hash_sources(sources, result.solution.source_hash_method)
     changed = [path for path in sorted(set(current) | set(expected)) if current.get(path) != expected.get(path)]
     if changed:
         raise ExportError(

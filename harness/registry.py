@@ -82,6 +82,13 @@ def source_code_hash(path: str, text: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
+def hash_sources(sources: dict[str, str], method: HashMethod = "code") -> dict[str, str]:
+    """sha256 of each source (relative path -> text): of its code (source_code_hash) or, as result files before schema
+    3's code hashes recorded them, of its text."""
+    hash_of = source_code_hash if method == "code" else _text_hash
+    return {path: hash_of(path, text) for path, text in sources.items()}
+
+
 def _without_comments_and_docstrings(text: str) -> str:
     lines = text.splitlines()
     cuts = []  # (first line, first column, last line, end column): 1-based lines, character columns
@@ -126,10 +133,7 @@ class Solution:
         return {str(path.relative_to(self.folder)): path.read_text() for path in files}
 
     def source_hashes(self, method: HashMethod = "code") -> dict[str, str]:
-        """sha256 of each source: of its code (source_code_hash) or, as result files before schema 3's code hashes
-        recorded them, of its text."""
-        hash_of = source_code_hash if method == "code" else _text_hash
-        return {path: hash_of(path, text) for path, text in self.sources().items()}
+        return hash_sources(self.sources(), method)
 
     def runs_on(self, device_type: str) -> bool:
         return device_type in self.spec.devices
