@@ -205,10 +205,16 @@ def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
         (4, 7), (8, 0), (8, 0),
     ]  # fmt: skip
     assert native.pointers == [(0, 0)] and native.maps == [(1, 1)]
-    assert program.native is not None and module.calls == [("new", 2), ("launch", native.function, native.params)]
+    assert program.native is not None and module.calls == [
+        ("new", [(t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in first]),
+        ("launch", native.function, native.params),
+    ]
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
     program.replay(later)
     assert module.calls[-1] == ("replay", later) and len(kernel.log) == 1  # replayed by the C program alone
+    module.matches = False
+    program.replay(later)
+    assert len(kernel.log) == 2 and kernel.log[-1][13] is later[0]  # refused: the Python replay serves
 
 
 class FakeReplayModule:
@@ -216,6 +222,7 @@ class FakeReplayModule:
 
     def __init__(self):
         self.calls: list = []
+        self.matches = True  # what replay answers: whether the call's tensors are laid out as the recorded ones
 
     def new(self, tensors):
         self.calls.append(("new", tensors))
@@ -226,6 +233,7 @@ class FakeReplayModule:
 
     def replay(self, program, tensors):
         self.calls.append(("replay", tensors))
+        return self.matches
 
 
 def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(monkeypatch) -> None:
@@ -292,14 +300,25 @@ def replay_on_fake_driver(tmp_path_factory):
     return module, driver
 
 
-class Address:
-    """A stand-in for a call's tensor: replay.c reads only its data_ptr()."""
+@dataclass
+class Tensor:
+    """A stand-in for a call's tensor: what replay.c reads of one (a 4 x 6 bf16 matrix at `address` by default)."""
 
-    def __init__(self, address: int):
-        self.address = address
+    address: int
+    dtype: torch.dtype = torch.bfloat16
+    shape: tuple[int, ...] = (4, 6)
+    strides: tuple[int, ...] = (6, 1)
 
     def data_ptr(self) -> int:
         return self.address
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+
+def recorded_layouts(alignments=(0, 0)) -> list[tuple]:
+    """The layouts of the recorded call's two tensors: 4 x 6 bf16 matrices at addresses of these remainders mod 16."""
+    return [(torch.bfloat16, (4, 6), (6, 1), alignment) for alignment in alignments]
 
 
 # The stand-in kernel's parameters: a call tensor's address, a TMA descriptor over another, an i32, a scratch address
@@ -308,13 +327,13 @@ SIZES = [8, 128, 4, 8, 8, 8]
 PDL, CLUSTER, CLUSTER_POLICY = 6, 4, 5  # CUlaunchAttributeID
 
 
-def fake_program(module, driver, launches: int):
+def fake_program(module, driver, launches: int, alignments=(0, 0)):
     """A program of `launches` launches of kernel 1, each followed by an event record and a stream wait; the first in
     a cluster of two, every other one a programmatic dependent."""
     driver.fake_set_params(1, len(SIZES), (ctypes.c_size_t * len(SIZES))(*SIZES))
     driver.fake_fail_kernel(-1)
     driver.fake_clear_log()
-    program = module.new(2)
+    program = module.new(recorded_layouts(alignments))
     for i in range(launches):
         params = [(8, 0x1000), (128, driver.fake_tensor_map(0x2000)), (4, i), (8, 0x3000), (8, 0), (8, 0)]
         module.launch(program, 1, (4, 2, 1), 4, 2 if i == 0 else 1, 1024, 7, i % 2 == 0, False, params, [(0, 0)], [(1, 1)])
@@ -331,7 +350,7 @@ def test_replay_c_writes_each_calls_addresses_and_keeps_the_rest(replay_on_fake_
     program = fake_program(module, driver, launches=20)
     for tensors in ([0x5000, 0x6000], [0x7100, 0x8200]):
         driver.fake_clear_log()
-        module.replay(program, [Address(a) for a in tensors])
+        assert module.replay(program, [Tensor(a) for a in tensors]) is True
         expected = []
         for i in range(20):
             attributes = [PDL] * (i % 2 == 0) + [CLUSTER, CLUSTER_POLICY] * (i == 0)
@@ -351,22 +370,50 @@ def test_replay_c_writes_each_calls_addresses_and_keeps_the_rest(replay_on_fake_
 def test_replay_c_refuses_parameters_that_do_not_match_the_kernel(replay_on_fake_driver, sizes, message) -> None:
     module, driver = replay_on_fake_driver
     fake_program(module, driver, launches=0)
-    program = module.new(2)
+    program = module.new(recorded_layouts())
     params = [(size, driver.fake_tensor_map(0x2000) if size == 128 else 0) for size in sizes]
     with pytest.raises(ValueError, match=message):
         module.launch(program, 1, (1, 1, 1), 4, 1, 0, 7, False, False, params, [], [])
 
 
-def test_replay_c_errors_name_the_problem(replay_on_fake_driver) -> None:
+@pytest.mark.parametrize(
+    "tensors",
+    [
+        [Tensor(0x5000)],
+        [Tensor(0x5000), Tensor(0x6000), Tensor(0x7000)],
+        [Tensor(0x5000), Tensor(0x6000, dtype=torch.float16)],
+        [Tensor(0x5000), Tensor(0x6000, shape=(6, 4), strides=(4, 1))],
+        [Tensor(0x5000), Tensor(0x6000, shape=(24,), strides=(1,))],
+        [Tensor(0x5000), Tensor(0x6000, strides=(1, 4))],
+        [Tensor(0x5008), Tensor(0x6000)],
+    ],
+    ids=["fewer", "more", "dtype", "shape", "dimensions", "strides", "alignment"],
+)
+def test_replay_c_issues_nothing_for_tensors_laid_out_otherwise(replay_on_fake_driver, tensors) -> None:
+    """The kernels were specialised on the recorded call's tensors: a call whose tensors differ in number, dtype,
+    shape, strides or alignment gets False and nothing issued (solution.backward then takes its own context)."""
     module, driver = replay_on_fake_driver
     program = fake_program(module, driver, launches=2)
-    with pytest.raises(ValueError, match="takes 2 tensors, not 1"):
-        module.replay(program, [Address(0x5000)])
+    driver.fake_clear_log()
+    assert module.replay(program, tensors) is False
+    assert driver.fake_log().decode() == ""
+    assert module.replay(program, [Tensor(0x5000), Tensor(0x6000)]) is True
+    assert driver.fake_log().decode().count("launch") == 2
+
+
+def test_replay_c_errors_name_the_problem(replay_on_fake_driver) -> None:
+    module, driver = replay_on_fake_driver
+    with pytest.raises(ValueError, match="tensor 0 has 2 sizes and 1 strides"):
+        module.new([(torch.bfloat16, (4, 6), (1,), 0)])
+    with pytest.raises(ValueError, match="a tensor of 9 dimensions"):
+        module.new([(torch.bfloat16, (1,) * 9, (1,) * 9, 0)])
+    program = fake_program(module, driver, launches=2, alignments=(0, 8))
     with pytest.raises(TypeError, match="must be Triton's CUtensorMap"):
         module.launch(program, 1, (1, 1, 1), 4, 1, 0, 7, False, False, [(8, 0), (128, 0), (4, 0), (8, 0), (8, 0), (8, 0)],
                       [], [])  # fmt: skip
     with pytest.raises(RuntimeError, match="operation 0 of the replay: cuTensorMapReplaceAddress failed"):
-        module.replay(program, [Address(0x5000), Address(0x6008)])  # a descriptor's base must be 16-byte aligned
+        module.replay(program, [Tensor(0x5000), Tensor(0x6008)])  # a descriptor's base must be 16-byte aligned
+    program = fake_program(module, driver, launches=2)
     driver.fake_fail_kernel(1)
     with pytest.raises(RuntimeError, match="operation 0 of the replay: cuLaunchKernelEx failed: fake failure"):
-        module.replay(program, [Address(0x5000), Address(0x6000)])
+        module.replay(program, [Tensor(0x5000), Tensor(0x6000)])

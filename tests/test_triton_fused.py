@@ -867,12 +867,47 @@ def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int) -> None:
         module.backward(*inputs.values(), *outputs)
         return outputs
 
-    module._CONTEXTS.clear()
+    module.forget_call_contexts()
     launched = outputs_of(second)
-    module._CONTEXTS.clear()
+    module.forget_call_contexts()
     outputs_of(first)
     (context,) = module._CONTEXTS.values()
     assert context.program.recorded and context.program.native is not None  # replayed by replay.c
     replayed = outputs_of(second)
     for name, a, b in zip(module.OUTPUT_NAMES, launched, replayed):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+
+
+@pytest.mark.gpu
+def test_a_call_laid_out_unlike_the_last_replayed_one_takes_its_own_context(monkeypatch) -> None:
+    """backward tries first the context that last replayed on its plan and stream, whose C program refuses tensors of
+    other shapes: two shapes of one plan, called in turn, each give the bits of their first call; a dropped context
+    is never tried."""
+    module = solution_module()
+    shapes = [Dims(batch_seq_len=batch, num_tokens=256) for batch in (512, 2048)]  # one plan
+    inputs = [generate_inputs(dims, seed, "cuda") for seed, dims in enumerate(shapes)]
+
+    def outputs_of(dims: Dims, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        outputs = [out.fill_(float("nan")) for out in cuda_outputs(dims).values()]
+        module.backward(*tensors.values(), *outputs)
+        return [out.view(torch.int16) for out in outputs]
+
+    first_calls = []
+    for dims, tensors in zip(shapes, inputs):
+        module.forget_call_contexts()
+        first_calls.append(outputs_of(dims, tensors))
+    module.forget_call_contexts()
+    for _ in range(3):  # record both, then replay each after the other
+        for dims, tensors, expected in zip(shapes, inputs, first_calls):
+            for name, out, bits in zip(module.OUTPUT_NAMES, outputs_of(dims, tensors), expected):
+                assert torch.equal(out, bits), name
+    assert len(module._CONTEXTS) == 2 and len(module._LAST_REPLAYED) == 1
+
+    monkeypatch.setattr(module, "CONTEXTS_KEPT", 1)
+    module.forget_call_contexts()
+    outputs_of(shapes[0], inputs[0])
+    outputs_of(shapes[0], inputs[0])
+    other = Dims(batch_seq_len=700, num_tokens=300)  # another plan: the first context is dropped
+    outputs_of(other, generate_inputs(other, 3, "cuda"))
+    (kept,) = module._CONTEXTS.values()
+    assert [p is kept for p in module._LAST_REPLAYED.values()] == [True]

@@ -118,8 +118,7 @@ class CallProgram:
                     operation.release()
 
     def replay(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        if self.native is not None:
-            self.native(call_tensors)
+        if self.native is not None and self.native(call_tensors):
             return
         for operation in self.operations:
             operation(call_tensors)
@@ -134,7 +133,7 @@ class CallProgram:
                 else ("wait", (op.stream.cuda_stream, op.event.cuda_event))
                 for op in self.operations
             ],
-            len(self._tensors),
+            self._tensors,
         )  # fmt: skip
 
     def launch(

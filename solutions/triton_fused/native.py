@@ -167,14 +167,15 @@ class NativeProgram:
         self._replay = functools.partial(module.replay, program)
 
     @classmethod
-    def build(cls, operations: Sequence[tuple[str, Any]], tensors: int) -> NativeProgram | None:
+    def build(cls, operations: Sequence[tuple[str, Any]], tensors: Sequence[torch.Tensor]) -> NativeProgram | None:
         """The program of ("launch", NativeLaunch), ("record", (event, stream)) and ("wait", (stream, event)) operations
-        over calls of `tensors` tensors; None where replay.c is not available or a launch does not match its kernel."""
+        for calls of tensors laid out as `tensors` (the recorded call's); None where replay.c is not available, a launch
+        does not match its kernel or the driver cannot tell (before CUDA 12.4 it has no cuFuncGetParamInfo)."""
         module = _compiled_module()
         if module is None:
             return None
-        program = module.new(tensors)
         try:
+            program = module.new([(t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in tensors])
             for kind, operation in operations:
                 if kind == "launch":
                     o = operation
@@ -182,10 +183,12 @@ class NativeProgram:
                                   o.pdl, o.cooperative, o.params, o.pointers, o.maps)  # fmt: skip
                 else:
                     getattr(module, kind)(program, *operation)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, RuntimeError) as error:
             warnings.warn(f"triton_fused replays its launches from Python: {error}", stacklevel=2)
             return None
         return cls(module, program)
 
-    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        self._replay(call_tensors)
+    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> bool:
+        """Issue the call with these tensors: False, and nothing issued, where one's dtype, shape, strides or 16-byte
+        alignment differs from the recorded call's."""
+        return self._replay(call_tensors)

@@ -1,5 +1,10 @@
 /* A call context's launches, event records and stream waits, replayed by one call from Python (native.py).
 
+A replay first checks that the call's tensors have the dtypes, shapes, strides and 16-byte alignment of the recorded
+call's, on which the kernels were specialised and the launcher decided, and launches nothing where one differs: the
+check costs a few attribute reads per tensor in C, which is what lets a caller skip building a Python key for the
+context of every call (solution.backward).
+
 Each launch keeps its kernel, launch configuration and every parameter's bytes as its context's first call passed
 them; a replay writes the call's tensors' addresses into the parameters that held the first call's (pointers, and
 the global address of the TMA descriptors over them, through cuTensorMapReplaceAddress) and issues every operation
@@ -43,9 +48,19 @@ typedef struct {
   Py_ssize_t n_maps;
 } Operation;
 
+/* A call tensor as the recorded call had it. */
+enum { MAX_DIMS = 8 };
+typedef struct {
+  PyObject *dtype; /* torch's dtype objects are singletons: compared by identity */
+  Py_ssize_t ndim;
+  long long sizes[MAX_DIMS], strides[MAX_DIMS];
+  unsigned long long alignment; /* the address modulo 16 */
+} Layout;
+
 typedef struct {
   CUcontext context;
   Py_ssize_t n_tensors;
+  Layout *layouts; /* n_tensors */
   Operation *ops;
   Py_ssize_t n_ops, capacity;
 } Program;
@@ -57,7 +72,7 @@ typedef struct {
   _Alignas(128) CUtensorMap tensorMap;
 } TritonTensorMap;
 
-static PyObject *data_ptr_name = NULL;
+static PyObject *data_ptr_name = NULL, *dtype_name = NULL, *shape_name = NULL, *stride_name = NULL;
 
 static int check(CUresult result, const char *what) {
   if (result == CUDA_SUCCESS)
@@ -81,8 +96,83 @@ static void free_program(PyObject *capsule) {
     return;
   for (Py_ssize_t i = 0; i < program->n_ops; ++i)
     free_operation(&program->ops[i]);
+  for (Py_ssize_t i = 0; program->layouts && i < program->n_tensors; ++i)
+    Py_XDECREF(program->layouts[i].dtype);
+  free(program->layouts);
   free(program->ops);
   free(program);
+}
+
+/* Reads a shape or strides (a sequence of ints) into `into`; 0 with an exception set if it is not one of at most
+   MAX_DIMS. */
+static int read_ints(PyObject *sequence, long long *into, Py_ssize_t *n) {
+  PyObject *fast = PySequence_Fast(sequence, "a shape and strides must be sequences of ints");
+  if (!fast)
+    return 0;
+  *n = PySequence_Fast_GET_SIZE(fast);
+  int ok = *n <= MAX_DIMS;
+  if (!ok)
+    PyErr_Format(PyExc_ValueError, "a tensor of %zd dimensions (at most %d)", *n, (int)MAX_DIMS);
+  for (Py_ssize_t i = 0; ok && i < *n; ++i) {
+    into[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    ok = !(into[i] == -1 && PyErr_Occurred());
+  }
+  Py_DECREF(fast);
+  return ok;
+}
+
+/* Whether `sequence` (a torch.Size or a tuple of strides) holds the n ints of `expected`: 1, 0, or -1 on an error. */
+static int same_ints(PyObject *sequence, const long long *expected, Py_ssize_t n) {
+  if (!PyTuple_Check(sequence)) {
+    PyErr_SetString(PyExc_TypeError, "a tensor's shape and strides must be tuples");
+    return -1;
+  }
+  if (PyTuple_GET_SIZE(sequence) != n)
+    return 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long long value = PyLong_AsLongLong(PyTuple_GET_ITEM(sequence, i));
+    if (value == -1 && PyErr_Occurred())
+      return -1;
+    if (value != expected[i])
+      return 0;
+  }
+  return 1;
+}
+
+/* Reads the call's tensors' addresses into `addresses`: 1 where every tensor has its recorded layout, 0 where one
+   does not, -1 on an error. */
+static int read_call(const Program *program, PyObject *fast, CUdeviceptr *addresses) {
+  for (Py_ssize_t i = 0; i < program->n_tensors; ++i) {
+    PyObject *tensor = PySequence_Fast_GET_ITEM(fast, i);
+    const Layout *layout = &program->layouts[i];
+    PyObject *dtype = PyObject_GetAttr(tensor, dtype_name);
+    if (!dtype)
+      return -1;
+    int same_dtype = dtype == layout->dtype;
+    Py_DECREF(dtype);
+    if (!same_dtype)
+      return 0;
+    PyObject *shape = PyObject_GetAttr(tensor, shape_name);
+    int same = shape ? same_ints(shape, layout->sizes, layout->ndim) : -1;
+    Py_XDECREF(shape);
+    if (same != 1)
+      return same;
+    PyObject *strides = PyObject_CallMethodNoArgs(tensor, stride_name);
+    same = strides ? same_ints(strides, layout->strides, layout->ndim) : -1;
+    Py_XDECREF(strides);
+    if (same != 1)
+      return same;
+    PyObject *address = PyObject_CallMethodNoArgs(tensor, data_ptr_name);
+    if (!address)
+      return -1;
+    addresses[i] = PyLong_AsUnsignedLongLong(address);
+    Py_DECREF(address);
+    if (PyErr_Occurred())
+      return -1;
+    if (addresses[i] % 16 != layout->alignment)
+      return 0;
+  }
+  return 1;
 }
 
 static Program *program_of(PyObject *capsule) {
@@ -105,25 +195,58 @@ static Operation *append(Program *program) {
   return op;
 }
 
-/* new(n_tensors): an empty program for calls of n_tensors tensors, on the current CUDA context. */
+/* new(layouts): an empty program, on the current CUDA context, for calls of one tensor per (dtype, shape, strides,
+   address modulo 16) in `layouts`. */
 static PyObject *new_program(PyObject *self, PyObject *args) {
-  Py_ssize_t n_tensors;
-  if (!PyArg_ParseTuple(args, "n", &n_tensors))
+  PyObject *layouts;
+  if (!PyArg_ParseTuple(args, "O", &layouts))
+    return NULL;
+  PyObject *fast = PySequence_Fast(layouts, "layouts must be a sequence of (dtype, shape, strides, alignment)");
+  if (!fast)
     return NULL;
   Program *program = calloc(1, sizeof(Program));
-  if (!program)
+  PyObject *capsule = NULL;
+  if (!program) {
+    Py_DECREF(fast);
     return PyErr_NoMemory();
-  program->n_tensors = n_tensors;
+  }
+  program->n_tensors = PySequence_Fast_GET_SIZE(fast);
+  program->layouts = calloc(program->n_tensors ? program->n_tensors : 1, sizeof(Layout));
+  if (!program->layouts) {
+    PyErr_NoMemory();
+    goto fail;
+  }
+  for (Py_ssize_t i = 0; i < program->n_tensors; ++i) {
+    Layout *layout = &program->layouts[i];
+    PyObject *dtype, *shape, *strides;
+    Py_ssize_t n_strides;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "OOOK", &dtype, &shape, &strides, &layout->alignment) ||
+        !read_ints(shape, layout->sizes, &layout->ndim) || !read_ints(strides, layout->strides, &n_strides))
+      goto fail;
+    if (n_strides != layout->ndim) {
+      PyErr_Format(PyExc_ValueError, "tensor %zd has %zd sizes and %zd strides", i, layout->ndim, n_strides);
+      goto fail;
+    }
+    Py_INCREF(dtype);
+    layout->dtype = dtype;
+  }
   if (!check(cuCtxGetCurrent(&program->context), "cuCtxGetCurrent") || !program->context) {
     if (!PyErr_Occurred())
       PyErr_SetString(PyExc_RuntimeError, "no current CUDA context");
-    free(program);
-    return NULL;
+    goto fail;
   }
-  PyObject *capsule = PyCapsule_New(program, "triton_fused.Program", free_program);
-  if (!capsule)
-    free(program);
-  return capsule;
+  capsule = PyCapsule_New(program, "triton_fused.Program", free_program);
+  if (capsule) {
+    Py_DECREF(fast);
+    return capsule;
+  }
+fail:
+  Py_DECREF(fast);
+  for (Py_ssize_t i = 0; program->layouts && i < program->n_tensors; ++i)
+    Py_XDECREF(program->layouts[i].dtype);
+  free(program->layouts);
+  free(program);
+  return NULL;
 }
 
 /* Patches from a sequence of (parameter, tensor) pairs, checked against the parameters and the call's tensors. */
@@ -296,7 +419,8 @@ static PyObject *add_record(PyObject *self, PyObject *args) { return add_event(a
 
 static PyObject *add_wait(PyObject *self, PyObject *args) { return add_event(args, WAIT); }
 
-/* replay(program, tensors): every operation, with the tensors' addresses put in. */
+/* replay(program, tensors): every operation, with the tensors' addresses put in; True, or False (nothing issued) where
+   the tensors are not as many as the recorded call's or one's dtype, shape, strides or alignment differs. */
 static PyObject *replay(PyObject *self, PyObject *args) {
   PyObject *capsule, *tensors;
   if (!PyArg_ParseTuple(args, "OO", &capsule, &tensors))
@@ -308,10 +432,8 @@ static PyObject *replay(PyObject *self, PyObject *args) {
   if (!fast)
     return NULL;
   if (PySequence_Fast_GET_SIZE(fast) != program->n_tensors) {
-    PyErr_Format(PyExc_ValueError, "the program takes %zd tensors, not %zd", program->n_tensors,
-                 PySequence_Fast_GET_SIZE(fast));
     Py_DECREF(fast);
-    return NULL;
+    return Py_NewRef(Py_False);
   }
   CUdeviceptr stack[32];
   CUdeviceptr *addresses = program->n_tensors <= 32 ? stack : malloc(program->n_tensors * sizeof(CUdeviceptr));
@@ -319,22 +441,13 @@ static PyObject *replay(PyObject *self, PyObject *args) {
     Py_DECREF(fast);
     return PyErr_NoMemory();
   }
-  int ok = 1;
-  for (Py_ssize_t i = 0; ok && i < program->n_tensors; ++i) {
-    PyObject *address = PyObject_CallMethodNoArgs(PySequence_Fast_GET_ITEM(fast, i), data_ptr_name);
-    ok = address != NULL;
-    if (ok) {
-      addresses[i] = PyLong_AsUnsignedLongLong(address);
-      ok = !PyErr_Occurred();
-      Py_DECREF(address);
-    }
-  }
+  int matched = read_call(program, fast, addresses);
   Py_DECREF(fast);
   CUresult result = CUDA_SUCCESS;
   const char *what = "";
   Py_ssize_t failed = -1; /* the operation under way */
   /* The GIL stays held: two threads replaying one program would write the same parameters. */
-  if (ok) {
+  if (matched == 1) {
     CUcontext current;
     result = cuCtxGetCurrent(&current);
     what = "cuCtxGetCurrent";
@@ -369,8 +482,8 @@ static PyObject *replay(PyObject *self, PyObject *args) {
   }
   if (addresses != stack)
     free(addresses);
-  if (!ok)
-    return NULL;
+  if (matched != 1)
+    return matched == 0 ? Py_NewRef(Py_False) : NULL;
   if (result != CUDA_SUCCESS && failed < 0)
     return check(result, what), NULL;
   if (result != CUDA_SUCCESS) {
@@ -383,15 +496,16 @@ static PyObject *replay(PyObject *self, PyObject *args) {
                  op->config.sharedMemBytes, op->config.numAttrs);
     return NULL;
   }
-  Py_RETURN_NONE;
+  Py_RETURN_TRUE;
 }
 
 static PyMethodDef methods[] = {
-    {"new", new_program, METH_VARARGS, "new(n_tensors): an empty program on the current CUDA context"},
+    {"new", new_program, METH_VARARGS, "new(layouts): an empty program on the current CUDA context"},
     {"launch", add_launch, METH_VARARGS, "append a kernel launch"},
     {"record", add_record, METH_VARARGS, "record(program, event, stream): append an event record"},
     {"wait", add_wait, METH_VARARGS, "wait(program, stream, event): append a stream wait"},
-    {"replay", replay, METH_VARARGS, "replay(program, tensors): issue every operation with the call's tensors"},
+    {"replay", replay, METH_VARARGS, "replay(program, tensors): issue every operation with the call's tensors, "
+                                     "if they have the recorded layouts"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -399,7 +513,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "triton_fused_replay"
 
 PyMODINIT_FUNC PyInit_triton_fused_replay(void) {
   data_ptr_name = PyUnicode_InternFromString("data_ptr");
-  if (!data_ptr_name)
+  dtype_name = PyUnicode_InternFromString("dtype");
+  shape_name = PyUnicode_InternFromString("shape");
+  stride_name = PyUnicode_InternFromString("stride");
+  if (!data_ptr_name || !dtype_name || !shape_name || !stride_name)
     return NULL;
   return PyModule_Create(&module);
 }
