@@ -497,9 +497,9 @@ def scatter(p: Problem, routing_only: bool = False) -> None:
 CONTEXTS_KEPT = 8
 _CONTEXTS: collections.OrderedDict[tuple, Problem] = collections.OrderedDict()
 # The kept context whose C program last replayed a call of each (plan, precise dtype, device, stream): the next such
-# call tries it first, and its program checks the call's tensors as it reads their addresses. Building call_context's
-# key reads four attributes of each of the 17 tensors in Python: 20-40 us before the first launch, in a call that
-# follows a synchronisation.
+# call tries it first, and its program checks the call's tensors as it reads their addresses. call_context's key reads
+# and hashes four attributes of each of the 17 tensors in Python, the largest host cost before the first launch of a
+# call that follows a synchronisation, which the caller waits for in full.
 _LAST_REPLAYED: dict[tuple, Problem] = {}
 
 
