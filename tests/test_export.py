@@ -31,6 +31,7 @@ from harness.solexecbench import (
     suite_yaml,
     workload_jsonl,
 )
+from harness.status import Status
 from harness.workloads import load_named_suite, load_suite
 from reference import generate_inputs, reference_backward
 
@@ -94,7 +95,9 @@ def test_leaderboard_record_of_triton_fused() -> None:
 
 def test_failing_solution_is_exported_only_as_partial() -> None:
     result, solution = h200_result("torch_eager"), get_solution("torch_eager")
-    with pytest.raises(ExportError, match="passed 6/16.*--partial"):
+    passed = sum(w.status is Status.PASSED for w in result.workloads)
+    assert 0 < passed < len(result.workloads)  # torch_eager fails some of the public workloads on the H200
+    with pytest.raises(ExportError, match=rf"passed {passed}/{len(result.workloads)} workloads.*--partial"):
         leaderboard_record(result, solution, RESULTS_DIR, H200, partial=False)
     assert leaderboard_record(result, solution, RESULTS_DIR, H200, partial=True).partial is True
 
