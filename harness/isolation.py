@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from harness import provenance
 from harness.registry import get_solution
-from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
+from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
 from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
 from harness.worker import job_setup
@@ -266,8 +266,7 @@ class Collected:
 
 def run_isolated(plan: RunPlan, device: str) -> dict[str, BenchResult]:
     """Like runner.run_side_by_side, with every solution in its own worker process on `device`."""
-    ordered = sorted(plan.solutions, key=lambda name: name != BASELINE_SOLUTION)
-    workers = {name: Worker(name, plan, device) for name in ordered}
+    workers = {name: Worker(name, plan, device) for name in baseline_first(plan.solutions)}
     for worker in workers.values():
         worker.start()
     collected = plan.collected()

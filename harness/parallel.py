@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.isolation import Collected, Job, RunPlan, Worker
-from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
+from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
 from harness.runner import Scorer
 from harness.status import Status
 from harness.worker import bench_from_setup
@@ -37,8 +37,7 @@ from harness.workloads import Suite, Workload
 
 def jobs_for(solutions: list[str], suite: Suite, workloads: list[Workload]) -> list[Job]:
     """Every (solution, workload), the baseline's first, so that its T_b is known before most others start."""
-    ordered = sorted(solutions, key=lambda name: name != BASELINE_SOLUTION)
-    return [Job(name, w, suite.workloads.index(w)) for name in ordered for w in workloads]
+    return [Job(name, w, suite.workloads.index(w)) for name in baseline_first(solutions) for w in workloads]
 
 
 @dataclass(frozen=True)

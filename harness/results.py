@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +23,11 @@ SCHEMA_VERSION = 3  # 3: call latency (the headline), device time and host cost 
 CALIBRATION_FILE = "calibration.json"
 # The solution whose latency on a workload is T_b, the baseline of the SOL score.
 BASELINE_SOLUTION = "reference_fp32"
+
+
+def baseline_first(names: Iterable[str]) -> list[str]:
+    """The solutions' names in order, the baseline's first: runs take it first so that T_b is known for the others."""
+    return sorted(names, key=lambda name: name != BASELINE_SOLUTION)
 
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; the normal 1.96 beyond.

@@ -43,6 +43,7 @@ from harness.results import (
     TimedChecks,
     TrialReport,
     WorkloadResult,
+    baseline_first,
     load_calibration,
     load_result,
     result_path,
@@ -791,7 +792,8 @@ def run_side_by_side(
     The baseline solution, if present, runs first on each workload and its latency becomes the others'
     T_b for that workload at once.
     """
-    ordered = sorted(benches, key=lambda bench: bench.solution.name != BASELINE_SOLUTION)
+    by_name = {bench.solution.name: bench for bench in benches}
+    ordered = [by_name[name] for name in baseline_first(by_name)]
     for bench in ordered:
         bench.start()
     results: dict[str, list[WorkloadResult]] = {bench.solution.name: [] for bench in ordered}
