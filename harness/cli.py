@@ -80,9 +80,10 @@ def workload_table(result: BenchResult) -> Table:
     clock = "CUDA events" if result.provenance.device_type == "cuda" else "CPU wall clock"
     title = (
         f"{result.solution.name} on {result.provenance.device_name}, suite {result.config.suite} ({clock}, us; latency: "
-        "synchronised per call at fresh addresses; device: queue kept full; host: the solution's own issue time)"
+        "synchronised per call at fresh addresses; device: queue kept full; host: the solution's own issue time; floor: "
+        "the call latency of one kernel's launch, timed just before)"
     )
-    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "graph")
+    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "floor", "graph")
     columns: dict[str, list[str]] = {name: [] for name in names}
     scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S", "S device")}
     notes: dict[str, list[str]] = {"worst ratio": [], "flags": []}
@@ -97,7 +98,8 @@ def workload_table(result: BenchResult) -> Table:
                 str(w.index), str(w.batch_seq_len), str(w.num_tokens), f"[{color}]{w.status.value}[/{color}]",
                 _us(t.mean_us if t else None), _us((t.ci95_high_us - t.mean_us) if t else None),
                 _us(t.median_us if t else None), str(t.n) if t else "-", _us(w.device_us),
-                _us(w.host.median_us if w.host else None), graph_cell,
+                _us(w.host.median_us if w.host else None), _us(w.launch_floor.latency_us if w.launch_floor else None),
+                graph_cell,
             ),
         ):  # fmt: skip
             columns[name].append(text)
@@ -334,7 +336,9 @@ SuiteOption = Annotated[
 ]
 
 
-BY_WORKLOAD_VALUES = ("latency_us", "device_us", "host_us", "pct_sol", "pct_sol_measured", "sol_score", "device_sol_score")
+BY_WORKLOAD_VALUES = (
+    "latency_us", "device_us", "host_us", "floor_us", "pct_sol", "pct_sol_measured", "sol_score", "device_sol_score",
+)  # fmt: skip
 
 
 @app.command("compare")

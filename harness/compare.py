@@ -51,6 +51,7 @@ def load_frame(
                     "latency_us": w.latency_us,
                     "device_us": w.device_us,
                     "host_us": w.host.median_us if w.host else None,
+                    "floor_us": w.launch_floor.latency_us if w.launch_floor else None,
                     "sol_us": w.sol_us,
                     "sol_us_measured": w.sol_us_measured,
                     "pct_sol": w.percent_of_sol,

@@ -141,6 +141,15 @@ class KernelProfile(BaseModel):
     note: str = ""
 
 
+class LaunchFloor(BaseModel):
+    """A call that launches one kernel, timed as the solution's calls are and just before them: what the machine's
+    host and driver cost any call at that moment. Host speed differs between machines of one kind and over a run, and
+    a solution's call latency moves with it; read against the floor measured beside it, two runs compare."""
+
+    latency_us: float = Field(description="mean call latency, synchronised before each call")
+    host_us: float = Field(description="median host time to issue the call")
+
+
 class WorkloadResult(BaseModel):
     uuid: str
     index: int
@@ -154,6 +163,7 @@ class WorkloadResult(BaseModel):
     call_latency: TimingStats | None = Field(default=None, description="synchronised before each call, fresh addresses")
     device_time: TimingStats | None = Field(default=None, description="the GPU's queue kept full")
     host: TimingStats | None = Field(default=None, description="the solution's own host time to issue one call")
+    launch_floor: LaunchFloor | None = None
     flags: list[Flag] = []
     device_index: int | None = Field(default=None, description="the GPU (or CPU worker) of a run over several: --gpus")
     timed_checks: TimedChecks | None = None

@@ -37,6 +37,7 @@ from harness.results import (
     BenchConfig,
     BenchResult,
     GraphTiming,
+    LaunchFloor,
     OutputCheck,
     ResultsError,
     SolutionRecord,
@@ -50,7 +51,15 @@ from harness.results import (
 )
 from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
 from harness.status import Status, worst
-from harness.timing import FreshAddresses, TimingConfig, TimingStats, capture_graph, time_call_latency, time_device
+from harness.timing import (
+    FreshAddresses,
+    TimingConfig,
+    TimingStats,
+    capture_graph,
+    time_call_latency,
+    time_device,
+    time_launch_floor,
+)
 from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
 from reference.problem import OUTPUTS, Dims, bytes_moved, flops
@@ -576,6 +585,8 @@ class Bench:
         device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
         try:
             result.device_time, on_sets = self._time_device(call, workload.dims, pool, output_pool, seeds, device_checks)
+            floor_latency, floor_host = time_launch_floor(self.device, self.options.timing)
+            result.launch_floor = LaunchFloor(latency_us=floor_latency.mean_us, host_us=floor_host.median_us)
             result.call_latency, result.host, fresh = self._time_call_latency(
                 call, workload.dims, pool[0], output_pool[0], seeds, latency_checks
             )

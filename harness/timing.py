@@ -153,6 +153,13 @@ def time_call_latency(
     )
 
 
+def time_launch_floor(device: torch.device, config: TimingConfig = TimingConfig()) -> tuple[TimingStats, TimingStats]:
+    """(call latency, host cost) of a call that launches one kernel (a one-element fill), by time_call_latency: the
+    least any call costs on this machine at this moment (results.LaunchFloor)."""
+    one = torch.empty(1, device=device)
+    return time_call_latency(lambda i: one.fill_(float(i)), _nothing, device, config)
+
+
 def capture_graph(call: Callable[[], list[object]], device: torch.device) -> tuple[torch.cuda.CUDAGraph, list[object]]:
     """`call` captured once in a CUDA graph, after one warm-up call on a side stream (as torch.cuda.graph asks);
     returns the graph and the outputs the captured call returned (the replays write them)."""

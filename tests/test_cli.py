@@ -53,6 +53,13 @@ def test_bench_then_compare(tmp_path: Path) -> None:
     lines = markdown.output.strip().splitlines()
     assert lines[0].startswith("| device | index | B | T |") and len(lines) == 2 + 6
 
+    floors = invoke("compare", "--results-dir", str(tmp_path), "--by-workload", "--value", "floor_us", "--format", "csv")
+    floor = pd.read_csv(io.StringIO(floors.output)).set_index("index")
+    latency = pd.read_csv(
+        io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--by-workload", "--format", "csv").output)
+    )
+    assert (floor.reference_fp32.astype(float) < latency.set_index("index").reference_fp32.astype(float)).all()
+
 
 def test_another_suites_results_are_compared_and_plotted_apart(tmp_path: Path) -> None:
     """A suite other than the device's own has its result files in results/<device>/<suite>/: compare and plot read

@@ -33,5 +33,6 @@ def test_public_workload_on_cuda(tmp_path: Path, solution: str) -> None:
     assert workload.status is Status.PASSED, workload.message
     assert workload.call_latency.clock == workload.device_time.clock == "cuda_events" and workload.device_time.n >= 10
     assert workload.host.median_us > 0 and workload.call_latency.mean_us > 0
+    assert 0 < workload.launch_floor.host_us < workload.launch_floor.latency_us < workload.call_latency.mean_us
     assert workload.sol_us is not None and 0 < workload.percent_of_sol < 100
     assert result.provenance.device_type == "cuda" and result.provenance.sm_count

@@ -67,6 +67,7 @@ def test_both_timings_and_the_host_cost_are_recorded(bench_result) -> None:
     for w in bench_result.workloads:
         assert w.call_latency.input_sets == 0 and w.device_time.input_sets == 3
         assert w.host.clock == "host_wall" and w.host.n == w.call_latency.n
+        assert 0 < w.launch_floor.host_us and w.launch_floor.latency_us < w.call_latency.mean_us  # one fill, then the call
         assert w.percent_of_sol is None and w.device_sol_score is None  # no peaks or baseline on the CPU
 
 

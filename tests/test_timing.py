@@ -10,7 +10,7 @@ import torch
 
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions
-from harness.timing import FreshAddresses, TimingConfig, time_call_latency
+from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_launch_floor
 from harness.workloads import load_named_suite
 
 SMOKE = load_named_suite("smoke")
@@ -39,6 +39,13 @@ def test_call_latency_counts_every_call_after_the_warm_up() -> None:
     assert calls[0] == 0 and calls == list(range(len(calls)))
     assert latency.n == host.n == len(calls) - FAST.warmup_calls and latency.input_sets == 0
     assert latency.clock == "cpu_wall" and host.clock == "host_wall"
+
+
+def test_the_launch_floor_is_timed_like_a_solutions_call() -> None:
+    """One kernel's call, by the same timer and counts: on the CPU its latency is its host time."""
+    latency, host = time_launch_floor(torch.device("cpu"), FAST)
+    assert FAST.min_calls <= latency.n == host.n <= FAST.max_calls
+    assert latency.clock == "cpu_wall" and 0 < host.median_us <= latency.max_us
 
 
 RECORDING = """
