@@ -374,7 +374,7 @@ def plot(
     results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
     device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
     solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
-    out: Annotated[Path, typer.Option(help="folder for the PNG files")] = Path("docs/figures"),
+    out: Annotated[Path, typer.Option(help="folder for the PNG files")] = Path("figures"),
     suite: SuiteOption = None,
 ) -> None:
     """PNG figures from the result files: latency against T with the roofline, and percent of SOL."""

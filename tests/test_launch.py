@@ -185,8 +185,8 @@ def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
     descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
     the call's tensors marked where their addresses go."""
     launch = launch_module()
-    module = FakeReplayModule()
-    monkeypatch.setattr(sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"], "_compiled_module", lambda: module)
+    module, native_module = FakeReplayModule(), sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"]
+    monkeypatch.setattr(native_module, "_compiled_module", lambda: module)
     kernel, scratch = Kernel(), torch.zeros(8)
     kernel.compiled.run = CudaLauncher(kernel.log)
     kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
@@ -206,7 +206,7 @@ def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
     ]  # fmt: skip
     assert native.pointers == [(0, 0)] and native.maps == [(1, 1)]
     assert program.native is not None and module.calls == [
-        ("new", [(t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in first]),
+        ("new", [native_module.layout(t) for t in first]),
         ("launch", native.function, native.params),
     ]
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]

@@ -32,6 +32,12 @@ POINTER_SIZE = 8
 SCRATCH_POINTERS = 2  # global and profile scratch, which Triton's launcher appends to every launch
 
 
+def layout(tensor: torch.Tensor) -> tuple:
+    """What a recorded call's replay depends on in each of its tensors: dtype, shape, strides and 16-byte alignment
+    (the kernels' specialisation); replay.c checks these of every call, and call contexts are keyed by them."""
+    return tensor.dtype, tensor.shape, tensor.stride(), tensor.data_ptr() % 16
+
+
 class Unsupported(Exception):
     """A launch whose parameters the native replay cannot write (the Python replay takes it)."""
 
@@ -175,7 +181,7 @@ class NativeProgram:
         if module is None:
             return None
         try:
-            program = module.new([(t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in tensors])
+            program = module.new([layout(t) for t in tensors])
             for kind, operation in operations:
                 if kind == "launch":
                     o = operation

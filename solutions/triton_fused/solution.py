@@ -37,6 +37,7 @@ from .kernels import (
     zero_unselected_kernel,
 )
 from .launch import CallProgram
+from .native import layout
 from .plan import (
     FUSED_BLOCK_K,
     FUSED_BLOCK_M,
@@ -516,7 +517,7 @@ def call_context(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: tor
     (which is all the kernels' specialisation depends on) on the current stream (`stream_key`): made, and the plan
     checked against the shapes, on the first such call. Keyed by the plan's identity (hashing a plan's fields costs
     microseconds per call); the context holds its plan, so no other plan can take its id while it is kept."""
-    key = (*stream_key, *((t.dtype, t.shape, t.stride(), t.data_ptr() % 16) for t in tensors))
+    key = (*stream_key, *map(layout, tensors))
     p = _CONTEXTS.get(key)
     if p is None:
         p = _new_problem(tensors, plan, precise_dtype)

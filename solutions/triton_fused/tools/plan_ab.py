@@ -11,8 +11,8 @@ A variant is `name: expression`, a Python expression that gives a Plan, over `pl
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
-plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (sweep.py's
-gpu_time_us: L2 flushed before each call, a GPU spin ahead of each batch). Each invocation appends a provenance
+plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (L2 flushed before each call, a
+GPU spin ahead of each batch, so the host's launch time stays outside the events). Each invocation appends a provenance
 header and then its rows to --out (JSON lines), so several invocations can share one file.
 """
 
@@ -27,14 +27,21 @@ import sys
 from pathlib import Path
 
 import torch
-from sweep import gpu_time_us
 
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
+from harness.timing import TimingConfig, time_device
 from harness.workloads import load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
+
+TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
+
+
+def gpu_time_us(fn) -> float:
+    """Mean of the harness's CUDA-event timer over calls of fn on one input set."""
+    return time_device(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), TIMING).mean_us
 
 
 def parse_variant(text: str) -> tuple[str, str]:

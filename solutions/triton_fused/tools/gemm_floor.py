@@ -1,7 +1,7 @@
 """How fast cuBLAS does the five products of each public workload and nothing else, beside triton_fused's whole
 backward, under the harness's timer. GPU only.
 
-    PYTHONPATH=. python3 benchmarks/gemm_floor.py --out gemm_floor.jsonl
+    PYTHONPATH=. python3 solutions/triton_fused/tools/gemm_floor.py --out gemm_floor.jsonl
 
 The products are those of SPEC section 1 with bf16 operands and bf16 outputs written into preallocated tensors:
 grad_w2 = ge^T @ gated_output, dh = g @ w2, grad_w1 = d_a^T @ x, grad_w3 = d_up^T @ x, dx = d_a @ w1 + d_up @ w3
@@ -10,7 +10,7 @@ the zeros of unselected rows are not done; g, ge, d_a and d_up are made before t
 their shape matters here). So the figures are a floor for a solution that runs cuBLAS's GEMMs, not a correct
 backward: in plain bf16 the weight gradients fail from T = 215 on (SPEC section 4).
 
-Three layouts per workload: one stream in the order above; two streams with grad_w2 and then dx on a second stream
+Each product alone (the per-stage floor), then three layouts of all five per workload: one stream in the order above; two streams with grad_w2 and then dx on a second stream
 (grad_w2 beside dh, dx beside grad_w1/grad_w3, dx and grad_w1/grad_w3 after dh); and the same with dx and
 grad_w1/grad_w3 swapped between the streams. triton_fused is timed in the same process on the same input set.
 Times are means of the harness's CUDA-event timer (harness.timing: L2 flushed before each call, a GPU spin ahead
@@ -68,6 +68,9 @@ class Products:
         torch.mm(self.d_a.t(), x, out=self.outputs["grad_w1_weight"])
         torch.mm(self.d_up.t(), x, out=self.outputs["grad_w3_weight"])
 
+    def stages(self) -> dict[str, Callable[[], None]]:
+        return {"dh": self.dh_product, "grad_w2": self.grad_w2, "grad_w13": self.grad_w13, "dx": self.dx_product}
+
     def dx_product(self) -> None:
         torch.mm(self.d_a, self.inputs["w1_weight"], out=self.dx)
         self.dx.addmm_(self.d_up, self.inputs["w3_weight"])
@@ -105,6 +108,7 @@ def measure(dims: Dims, seed: int, run: Callable[..., object], side: torch.cuda.
     return {
         "B": dims.batch_seq_len,
         "T": dims.num_tokens,
+        **{f"{stage}_us": gpu_time_us(product, TIMING) for stage, product in p.stages().items()},
         "one_stream_us": gpu_time_us(functools.partial(one_stream, p), TIMING),
         "two_streams_dx_side_us": gpu_time_us(functools.partial(two_streams, p, side, True), TIMING),
         "two_streams_w13_side_us": gpu_time_us(functools.partial(two_streams, p, side, False), TIMING),
@@ -124,7 +128,9 @@ def main() -> None:
     header = collect(torch.device("cuda"), read_clocks(torch.device("cuda"))).model_dump(mode="json")
     out.write_text(json.dumps(header) + "\n")
     print(header)
-    print(f"{'#':>2} {'B':>5} {'T':>5} {'one stream':>11} {'two, dx side':>13} {'two, w13 side':>14} {'triton_fused':>13}")
+    print(
+        f"{'#':>2} {'B':>5} {'T':>5} {'dh':>7} {'grad_w2':>7} {'w1+w3':>7} {'dx':>7} {'one stream':>11} {'two, dx side':>13} {'two, w13 side':>14} {'triton_fused':>13}"
+    )
     rows = []
     for index, workload in enumerate(load_named_suite("public").workloads):
         row = {"index": index, "uuid": workload.uuid, **measure(workload.dims, args.seed, run, side)}
@@ -132,7 +138,8 @@ def main() -> None:
         with out.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
         print(
-            f"{index:>2} {row['B']:>5} {row['T']:>5} {row['one_stream_us']:>11.1f} {row['two_streams_dx_side_us']:>13.1f}"
+            f"{index:>2} {row['B']:>5} {row['T']:>5} {row['dh_us']:>7.1f} {row['grad_w2_us']:>7.1f} {row['grad_w13_us']:>7.1f}"
+            f" {row['dx_us']:>7.1f} {row['one_stream_us']:>11.1f} {row['two_streams_dx_side_us']:>13.1f}"
             f" {row['two_streams_w13_side_us']:>14.1f} {row['triton_fused_us']:>13.1f}"
         )
         torch.cuda.empty_cache()
