@@ -2,12 +2,11 @@
 GPU only.
 
     PYTHONPATH=. python3 solutions/triton_fused/tools/timeline.py [--workloads 5,15] [--calls 3] \
-        [--variant 'v17 dh: dh_warp_specialized=None; dh_gathers_rows=True'] --out timeline.jsonl
+        [--variant 'one stream: plan.on_one_stream()'] --out timeline.jsonl
 
 Stage times measured alone do not add up to the whole backward: stages on the two streams share the SMs, a kernel
 issued on one stream waits for SMs that a persistent kernel on the other holds, and one stage's tail overlaps the
-next stage's start. A timeline shows that (docs/performance.md, v13: fusing dh and grad_w2 had them done 32 us earlier
-and the whole no earlier, because the plan already ran dx beside grad_w2's tail).
+next stage's start. A timeline shows that.
 
 Each call runs as the harness times it: after warm-up calls, with the L2 flushed by the harness's flusher and a GPU
 spin ahead of it, so that every launch is queued before the first kernel starts. The times are CUPTI's kernel
@@ -15,12 +14,10 @@ records through torch.profiler, in microseconds from the call's first kernel; th
 stream the call was issued on (the solution's caller) and "side" for any other. Kernels of the same name are told
 apart by their launch grid. Each invocation appends a provenance header and then its rows to --out (JSON lines).
 
-Each workload's bucket plan is profiled, and each --variant of it (the syntax of plan_ab.py),
---calls times each: the order in which two streams' kernels take the SMs can differ from call to call (at T = 296-496
-dh and grad_w2 are released by the same kernel; docs/performance.md, v18). A profiled call is not a timed one: at
-T = 128 the plan's profiled calls ended 3.5-5.7 us later than the timer's mean and a variant's 2.8-5.6 earlier, the
-opposite order to the timer's (v30). Rank plans by plan_ab.py; read a timeline for where the
-time goes.
+Each workload's bucket plan is profiled, and each --variant of it (the syntax of plan_ab.py), --calls times each: the
+order in which two streams' kernels take the SMs can differ from call to call. A profiled call is not a timed one (the
+profiler adds host time to each launch and can reorder close plans): rank plans by plan_ab.py; read a timeline for
+where the time goes.
 """
 
 from __future__ import annotations
@@ -89,7 +86,7 @@ def main() -> None:
     parser.add_argument("--workloads", help="comma-separated indices of the public suite (default: all 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calls", type=int, default=1, help="profiled calls per plan")
-    parser.add_argument("--variant", action="append", default=[], help="'name: field=value; ...' (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], help="'name: expression', as plan_ab.py takes it (repeatable)")
     args = parser.parse_args()
 
     run = get_solution("triton_fused").load_entry_point()
