@@ -190,7 +190,7 @@ def bench(
 
     Several solutions run side by side, interleaved per workload; each gets its own result file.
     """
-    from harness.isolation import RunPlan, Timeouts, run_isolated
+    from harness.isolation import RunPlan, Timeouts
     from harness.parallel import device_slots, run_local, run_ray
     from harness.runner import Bench, BenchOptions, Scorer, run_side_by_side
 
@@ -256,10 +256,8 @@ def bench(
                 results = list(run_ray(plan, dev.type, ray_address).values())
             except ValueError as exc:
                 fail(str(exc))
-        elif len(devices) > 1:
-            results = list(run_local(plan, devices).values())
         elif isolation:
-            results = list(run_isolated(plan, str(dev)).values())
+            results = list(run_local(plan, devices).values())
         else:
             results = run_side_by_side(benches, chosen_suite, chosen, lambda bench, result: advance(bench.solution.name, result))
 

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from harness import provenance
 from harness.registry import get_solution
-from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
+from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
 from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
 from harness.worker import job_setup
@@ -55,8 +55,8 @@ def _ignore(solution: str, result: WorkloadResult) -> None:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A run of solutions in worker processes, whichever way the workers are spread (run_isolated here, run_local and
-    run_ray in harness.parallel): what is measured, how, where the results go, and who hears of each one."""
+    """A run of solutions in worker processes, whichever way the workers are spread (run_local or run_ray, in
+    harness.parallel): what is measured, how, where the results go, and who hears of each one."""
 
     solutions: list[str]
     solutions_dir: Path
@@ -262,24 +262,3 @@ class Collected:
             self.busy[solution] += busy_seconds
             if summary is not None:
                 self.summaries[solution].append(summary)
-
-
-def run_isolated(plan: RunPlan, device: str) -> dict[str, BenchResult]:
-    """Like runner.run_side_by_side, with every solution in its own worker process on `device`."""
-    workers = {name: Worker(name, plan, device) for name in baseline_first(plan.solutions)}
-    for worker in workers.values():
-        worker.start()
-    collected = plan.collected()
-    for workload in plan.workloads:
-        index = plan.suite.workloads.index(workload)
-        for name, worker in workers.items():
-            result = worker.workload(workload, index, collected.baseline_of(workload), plan.scorer.for_solution(name))
-            collected.result(Job(name, workload, index), result)
-    results = {}
-    for name, worker in workers.items():
-        summary = worker.finish() or plan.summary_without_workers(name)
-        summary.workloads = collected.results[name]
-        summary.duration_s = worker.busy_seconds
-        results[name] = summary
-        worker.log.unlink(missing_ok=True)
-    return {name: results[name] for name in plan.solutions}

@@ -1,6 +1,6 @@
-"""Benches spread over several devices: a queue of (solution, workload) jobs run by workers of one device each.
+"""Benches in worker processes: a queue of (solution, workload) jobs run by workers of one device each.
 
-- **local** (`harness bench --gpus N|all`): one thread per device slot (a GPU, or on a CPU machine a CPU process),
+- **local** (`harness bench`, on one device unless `--gpus N|all`): one thread per device slot (a GPU, or on a CPU machine a CPU process),
   each driving isolated worker processes (harness.isolation.Worker), one per solution it has met, bound to its
   device. A slot takes the next job from the queue when its last one is done, so the slots stay busy until the
   queue is empty. A worker that dies or hangs costs its job (RUNTIME_ERROR, TIMEOUT) and a fresh one takes the
@@ -36,8 +36,9 @@ from harness.workloads import Suite, Workload
 
 
 def jobs_for(solutions: list[str], suite: Suite, workloads: list[Workload]) -> list[Job]:
-    """Every (solution, workload), the baseline's first, so that its T_b is known before most others start."""
-    return [Job(name, w, suite.workloads.index(w)) for name in baseline_first(solutions) for w in workloads]
+    """Every (solution, workload), workload by workload so that solutions run interleaved and clock drift hits all
+    alike, the baseline's first on each workload so that its T_b is mostly known before the others run."""
+    return [Job(name, w, suite.workloads.index(w)) for w in workloads for name in baseline_first(solutions)]
 
 
 @dataclass(frozen=True)

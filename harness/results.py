@@ -165,7 +165,7 @@ class WorkloadResult(BaseModel):
     host: TimingStats | None = Field(default=None, description="the solution's own host time to issue one call")
     launch_floor: LaunchFloor | None = None
     flags: list[Flag] = []
-    device_index: int | None = Field(default=None, description="the GPU (or CPU worker) of a run over several: --gpus")
+    device_index: int | None = Field(default=None, description="the device slot (--gpus) or Ray GPU it ran on")
     timed_checks: TimedChecks | None = None
     cuda_graph: GraphTiming | None = None
     kernels: KernelProfile | None = None
@@ -228,8 +228,8 @@ class BenchResult(BaseModel):
     calibration_source: str | None = None
     duration_s: float = Field(description="this solution's own seconds: loading it and its workloads")
     workloads: list[WorkloadResult]
-    # a run over several devices (--gpus, --backend ray): each device's provenance, clocks before and after included;
-    # `provenance` is the first's
+    # each worker's provenance (one per device slot, or per Ray task, and per replaced worker), clocks before and after
+    # included; `provenance` is the first's. Empty in a run without worker processes (--no-isolation).
     devices: list[Provenance] = []
 
     @field_validator("schema_version")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.isolation import RunPlan, run_isolated
+from harness.isolation import RunPlan
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR
 from harness.runner import BenchOptions, Scorer
@@ -21,11 +21,9 @@ SOLUTIONS = ["torch_eager", "reference_fp32"]
 CPU = torch.device("cpu")
 
 
-def test_jobs_put_the_baseline_first() -> None:
+def test_jobs_go_workload_by_workload_with_the_baseline_first() -> None:
     jobs = jobs_for(SOLUTIONS, SMOKE, SMOKE.workloads[:3])
-    assert [(j.solution, j.index) for j in jobs] == [("reference_fp32", i) for i in range(3)] + [
-        ("torch_eager", i) for i in range(3)
-    ]
+    assert [(j.solution, j.index) for j in jobs] == [(name, i) for i in range(3) for name in ("reference_fp32", "torch_eager")]
 
 
 def test_slots(monkeypatch) -> None:
@@ -55,9 +53,8 @@ def verdicts(result) -> list[tuple]:
 @pytest.fixture(scope="module")
 def one_worker(tmp_path_factory):
     results = tmp_path_factory.mktemp("one")
-    return run_isolated(
-        RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, results, SMOKE, SMOKE.workloads[:3], Scorer(CPU, results)), "cpu"
-    )
+    plan = RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, results, SMOKE, SMOKE.workloads[:3], Scorer(CPU, results))
+    return run_local(plan, [Slot("cpu")])
 
 
 def check_same_as_one_worker(merged, one_worker, devices: int) -> None:
