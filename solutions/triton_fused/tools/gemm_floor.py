@@ -27,21 +27,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from plan_ab import gpu_time_us
 
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
-from harness.timing import TimingConfig, time_device
+from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS, Dims
 
 # The harness bench's defaults (harness/cli.py).
 TIMING = TimingConfig(max_calls=300, target_rel_stderr=0.01)
-
-
-def gpu_time_us(fn: Callable[[], None], config: TimingConfig) -> float:
-    """Mean device time of fn by the harness's timer, on one input set."""
-    return time_device(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
 
 
 class Products:
