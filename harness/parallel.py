@@ -1,8 +1,8 @@
 """Benches in worker processes: a queue of (solution, workload) jobs run by workers of one device each.
 
-- **local** (`harness bench`, on one device unless `--gpus N|all`): one thread per device slot (a GPU, or on a CPU machine a CPU process),
-  each driving isolated worker processes (harness.isolation.Worker), one per solution it has met, bound to its
-  device. A slot takes the next job from the queue when its last one is done, so the slots stay busy until the
+- **local** (`harness bench`, on one device unless `--gpus N|all`): one thread per device slot (a GPU, or on a CPU
+  machine a CPU process), each driving isolated worker processes (harness.isolation.Worker), one per solution it has
+  met, bound to its device. A slot takes the next job from the queue when its last one is done, so the slots stay busy until the
   queue is empty. A worker that dies or hangs costs its job (RUNTIME_ERROR, TIMEOUT) and a fresh one takes the
   slot's next job of that solution.
 - **ray** (`--backend ray`): each job a Ray task of one GPU (of one CPU on a CPU machine) in a process of its own,

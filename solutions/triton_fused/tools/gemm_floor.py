@@ -10,9 +10,9 @@ the zeros of unselected rows are not done; g, ge, d_a and d_up are made before t
 their shape matters here). So the figures are a floor for a solution that runs cuBLAS's GEMMs, not a correct
 backward: in plain bf16 the weight gradients fail from T = 215 on (SPEC section 4).
 
-Each product alone (the per-stage floor), then three layouts of all five per workload: one stream in the order above; two streams with grad_w2 and then dx on a second stream
-(grad_w2 beside dh, dx beside grad_w1/grad_w3, dx and grad_w1/grad_w3 after dh); and the same with dx and
-grad_w1/grad_w3 swapped between the streams. triton_fused is timed in the same process on the same input set.
+Each product alone (the per-stage floor), then three layouts of all five per workload: one stream in the order
+above; two streams with grad_w2 and then dx on a second stream (grad_w2 beside dh, dx beside grad_w1/grad_w3, dx and
+grad_w1/grad_w3 after dh); and the same with dx and grad_w1/grad_w3 swapped between the streams. triton_fused is timed in the same process on the same input set.
 Times are means of the harness's CUDA-event timer (harness.timing: L2 flushed before each call, a GPU spin ahead
 of each batch), in microseconds. Rows are appended to --out (JSON lines) as they are measured.
 """
@@ -64,12 +64,12 @@ class Products:
         torch.mm(self.d_a.t(), x, out=self.outputs["grad_w1_weight"])
         torch.mm(self.d_up.t(), x, out=self.outputs["grad_w3_weight"])
 
-    def stages(self) -> dict[str, Callable[[], None]]:
-        return {"dh": self.dh_product, "grad_w2": self.grad_w2, "grad_w13": self.grad_w13, "dx": self.dx_product}
-
     def dx_product(self) -> None:
         torch.mm(self.d_a, self.inputs["w1_weight"], out=self.dx)
         self.dx.addmm_(self.d_up, self.inputs["w3_weight"])
+
+    def stages(self) -> dict[str, Callable[[], None]]:
+        return {"dh": self.dh_product, "grad_w2": self.grad_w2, "grad_w13": self.grad_w13, "dx": self.dx_product}
 
 
 def one_stream(p: Products) -> None:
@@ -96,7 +96,7 @@ def two_streams(p: Products, side: torch.cuda.Stream, dx_on_side: bool) -> None:
 
 
 def measure(dims: Dims, seed: int, run: Callable[..., object], side: torch.cuda.Stream) -> dict[str, float]:
-    """The three cuBLAS layouts and triton_fused on one input set of one workload."""
+    """Each cuBLAS product alone, the three layouts of all five, and triton_fused on one input set of one workload."""
     inputs = generate_inputs(dims, seed, "cuda")
     outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
     p = Products(inputs, outputs)
@@ -124,9 +124,8 @@ def main() -> None:
     header = collect(torch.device("cuda"), read_clocks(torch.device("cuda"))).model_dump(mode="json")
     out.write_text(json.dumps(header) + "\n")
     print(header)
-    print(
-        f"{'#':>2} {'B':>5} {'T':>5} {'dh':>7} {'grad_w2':>7} {'w1+w3':>7} {'dx':>7} {'one stream':>11} {'two, dx side':>13} {'two, w13 side':>14} {'triton_fused':>13}"
-    )
+    print(f"{'#':>2} {'B':>5} {'T':>5} {'dh':>7} {'grad_w2':>7} {'w1+w3':>7} {'dx':>7} {'one stream':>11}"
+          f" {'two, dx side':>13} {'two, w13 side':>14} {'triton_fused':>13}")  # fmt: skip
     rows = []
     for index, workload in enumerate(load_named_suite("public").workloads):
         row = {"index": index, "uuid": workload.uuid, **measure(workload.dims, args.seed, run, side)}
