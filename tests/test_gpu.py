@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.registry import get_solution
-from harness.runner import Bench, BenchOptions
+from harness.isolation import RunPlan
+from harness.parallel import device_slots, run_local
+from harness.registry import SOLUTIONS_DIR, get_solution
+from harness.runner import Bench, BenchOptions, Scorer
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
@@ -36,3 +38,18 @@ def test_public_workload_on_cuda(tmp_path: Path, solution: str) -> None:
     assert 0 < workload.launch_floor.host_us < workload.launch_floor.latency_us < workload.call_latency.mean_us
     assert workload.sol_us is not None and 0 < workload.percent_of_sol < 100
     assert result.provenance.device_type == "cuda" and result.provenance.sm_count
+
+
+def test_isolated_workers_on_one_gpu(tmp_path: Path) -> None:
+    """harness bench's default: each solution in a worker process bound to the GPU (one device slot), the baseline's
+    latency the other's T_b."""
+    suite, cuda = load_named_suite("public"), torch.device("cuda")
+    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20))
+    plan = RunPlan(["torch_eager", "reference_fp32"], SOLUTIONS_DIR, options, tmp_path, suite, [suite.workloads[14]],
+                   Scorer(cuda, tmp_path))  # fmt: skip
+    results = run_local(plan, device_slots("1", "cuda"))
+    for result in results.values():
+        (workload,) = result.workloads
+        assert workload.status is Status.PASSED and workload.device_index == 0, workload.message
+        assert result.provenance.device_type == "cuda" and [d.device_type for d in result.devices] == ["cuda"]
+    assert results["torch_eager"].workloads[0].baseline_us == results["reference_fp32"].workloads[0].latency_us
