@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from harness import provenance
 from harness.registry import get_solution
-from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult
+from harness.results import BenchResult, WorkloadResult
 from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
 from harness.status import Status
 from harness.worker import job_setup
@@ -71,9 +71,6 @@ class RunPlan:
     def setup(self, solution: str, device: str) -> dict:
         """What a worker of `solution` on `device` is started with (harness.worker)."""
         return job_setup(solution, self.solutions_dir, device, self.options, self.results_dir, self.suite)
-
-    def collected(self) -> Collected:
-        return Collected(self.solutions, self.scorer.baseline_from_file(), self.on_done)
 
     def summary_without_workers(self, solution: str) -> BenchResult:
         """A solution's result file as the parent describes it, where none of its workers lived to report the run."""
@@ -225,40 +222,3 @@ class Worker:
             if reply is not None and "finish" in reply:
                 return BenchResult.model_validate(reply["finish"])
         return None
-
-
-@dataclass(frozen=True)
-class Job:
-    solution: str
-    workload: Workload
-    index: int  # the workload's index in the suite
-
-
-class Collected:
-    """What the jobs of a run have given so far, per solution: workload results, worker summaries and busy seconds,
-    and the baseline's T_b per workload as its results come in. Thread-safe."""
-
-    def __init__(self, solutions: list[str], baseline: dict[str, Baseline], on_done: Callable[[str, WorkloadResult], None]):
-        self.results: dict[str, list[WorkloadResult]] = {name: [] for name in solutions}
-        self.summaries: dict[str, list[BenchResult]] = {name: [] for name in solutions}
-        self.busy: dict[str, float] = dict.fromkeys(solutions, 0.0)
-        self.baseline = baseline
-        self._on_done = on_done
-        self._lock = threading.Lock()
-
-    def baseline_of(self, workload: Workload) -> Baseline | None:
-        with self._lock:
-            return self.baseline.get(workload.uuid)
-
-    def result(self, job: Job, result: WorkloadResult) -> None:
-        with self._lock:
-            self.results[job.solution].append(result)
-            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
-                self.baseline[job.workload.uuid] = Baseline.of(result)
-            self._on_done(job.solution, result)
-
-    def summary(self, solution: str, summary: BenchResult | None, busy_seconds: float) -> None:
-        with self._lock:
-            self.busy[solution] += busy_seconds
-            if summary is not None:
-                self.summaries[solution].append(summary)

@@ -2,9 +2,9 @@
 
 - **local** (`harness bench`, on one device unless `--gpus N|all`): one thread per device slot (a GPU, or on a CPU
   machine a CPU process), each driving isolated worker processes (harness.isolation.Worker), one per solution it has
-  met, bound to its device. A slot takes the next job from the queue when its last one is done, so the slots stay busy until the
-  queue is empty. A worker that dies or hangs costs its job (RUNTIME_ERROR, TIMEOUT) and a fresh one takes the
-  slot's next job of that solution.
+  met, bound to its device. A slot takes the next job from the queue when its last one is done, so the slots stay
+  busy until the queue is empty. A worker that dies or hangs costs its job (RUNTIME_ERROR, TIMEOUT) and a fresh one
+  takes the slot's next job of that solution.
 - **ray** (`--backend ray`): each job a Ray task of one GPU (of one CPU on a CPU machine) in a process of its own,
   on the cluster that `ray.init(address)` joins, or a local one; Ray schedules them. A task that crashes or runs
   past the timeout costs its job.
@@ -27,12 +27,49 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.isolation import Collected, Job, RunPlan, Worker
+from harness.isolation import RunPlan, Worker
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
-from harness.runner import Scorer
+from harness.runner import Baseline, Scorer
 from harness.status import Status
 from harness.worker import bench_from_setup
 from harness.workloads import Suite, Workload
+
+
+@dataclass(frozen=True)
+class Job:
+    solution: str
+    workload: Workload
+    index: int  # the workload's index in the suite
+
+
+class Collected:
+    """What the jobs of a run have given so far, per solution: workload results, worker summaries and busy seconds,
+    and the baseline's T_b per workload as its results come in. Thread-safe."""
+
+    def __init__(self, plan: RunPlan):
+        self.results: dict[str, list[WorkloadResult]] = {name: [] for name in plan.solutions}
+        self.summaries: dict[str, list[BenchResult]] = {name: [] for name in plan.solutions}
+        self.busy: dict[str, float] = dict.fromkeys(plan.solutions, 0.0)
+        self.baseline: dict[str, Baseline] = plan.scorer.baseline_from_file()
+        self._on_done = plan.on_done
+        self._lock = threading.Lock()
+
+    def baseline_of(self, workload: Workload) -> Baseline | None:
+        with self._lock:
+            return self.baseline.get(workload.uuid)
+
+    def result(self, job: Job, result: WorkloadResult) -> None:
+        with self._lock:
+            self.results[job.solution].append(result)
+            if job.solution == BASELINE_SOLUTION and result.latency_us is not None:
+                self.baseline[job.workload.uuid] = Baseline.of(result)
+            self._on_done(job.solution, result)
+
+    def summary(self, solution: str, summary: BenchResult | None, busy_seconds: float) -> None:
+        with self._lock:
+            self.busy[solution] += busy_seconds
+            if summary is not None:
+                self.summaries[solution].append(summary)
 
 
 def jobs_for(solutions: list[str], suite: Suite, workloads: list[Workload]) -> list[Job]:
@@ -75,7 +112,7 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
     jobs: queue.Queue[Job] = queue.Queue()
     for job in jobs_for(plan.solutions, plan.suite, plan.workloads):
         jobs.put(job)
-    collected = plan.collected()
+    collected = Collected(plan)
 
     def slot(index: int, device: Slot) -> None:
         workers: dict[str, Worker] = {}
@@ -149,7 +186,7 @@ def run_ray(plan: RunPlan, device_type: str, address: str | None = None) -> dict
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     gpus = 1 if device_type == "cuda" else 0
     task = ray.remote(num_gpus=gpus, num_cpus=1, max_calls=1, max_retries=0)(run_one_job)
-    collected = plan.collected()
+    collected = Collected(plan)
     # As many tasks in flight as the cluster has devices for, so that each one's clock starts when it can run.
     slots = max(1, int(ray.cluster_resources().get("GPU" if gpus else "CPU", 1)))
     waiting = jobs_for(plan.solutions, plan.suite, plan.workloads)
