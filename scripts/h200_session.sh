@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call on the H200 (the library's `device` tool): GPU tests, triton_fused's first-call times in a
-# cold Triton cache, calibration, and one side-by-side bench of the given solutions on the public suite.
+# One device call on the H200 (the library's `device` tool): GPU tests, calibration, and one side-by-side bench
+# of the given solutions on the public suite.
 # The log and a tarball of results/<device>/ come back in $OUT.
 # Usage (repo root, on the GPU machine): bash scripts/h200_session.sh SOLUTION[,SOLUTION...]
 set -uo pipefail
@@ -19,7 +19,6 @@ source scripts/h200_env.sh
 log="$OUT/session.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv | tee "$log"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" | tee -a "$log"
-TRITON_CACHE_DIR=$(mktemp -d) python3 solutions/triton_fused/tools/first_call.py 2>&1 | tee -a "$log"
 python3 -m pytest -q -m gpu tests 2>&1 | tail -15 | tee -a "$log"
 python3 -m harness calibrate 2>&1 | tee -a "$log"
 start=$(date +%s)
