@@ -39,15 +39,15 @@ def with_schedule(plan, **changes):
 
 def tile(module, m: int, n: int, k: int, warps: int, stages: int, *rest) -> object:
     """A Tile from its fields in order (the tests' shorthand)."""
-    names = ("epilogue_split", "programs_per_sm", "flatten", "group_m")
+    names = ("epilogue_split", "programs_per_sm", "flatten")
     return plan_types(module).Tile(block_m=m, block_n=n, block_k=k, num_warps=warps, num_stages=stages, **dict(zip(names, rest)))
 
 
 # Triton kernels' tiles for comparisons against the Gluon kernels where a bucket's plan has none.
 DH_WIDE = (128, 256, 64, 8, 4, 4)
 DX_WIDE = (128, 256, 64, 8, 4)
-WGRAD_WIDE = (128, 256, 64, 8, 4, 2, 1, True)
-WGRAD_PAIR = (128, 128, 64, 4, 3, 2, 2, True)
+WGRAD_WIDE = (128, 256, 64, 8, 3, 1, 1, True)
+WGRAD_PAIR = (128, 128, 64, 4, 3, 1, 2, True)
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:
@@ -76,11 +76,11 @@ def interpreted():
 
 
 def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_sm: int = 0):
-    """Triton's kernels in tiny tiles; epilogue_split (at most 2 for the weight gradients) and programs_per_sm apply to
-    dh_swiglu and the weight gradients (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each
-    program walk several tiles)."""
+    """Triton's kernels in tiny tiles; epilogue_split applies to dh_swiglu, programs_per_sm to dh_swiglu and the weight
+    gradients (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each program walk several
+    tiles)."""
     types = plan_types(module)
-    wgrad = types.TritonWeightGrad(tile(module, 32, 32, 16, 1, 1, min(epilogue_split, 2), programs_per_sm, programs_per_sm > 0))
+    wgrad = types.TritonWeightGrad(tile(module, 32, 32, 16, 1, 1, 1, programs_per_sm, programs_per_sm > 0))
     dh = types.TritonDh(tile(module, 16, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0))
     dx = types.TritonDx(tile=tile(module, 16, 32, 16, 1, 1), split=dx_split)
     return types.Plan(dh=dh, grad_w2=wgrad, grad_w13=wgrad, dx=dx)
@@ -199,28 +199,6 @@ def test_x16_behind_the_gather_needs_the_gather_on_the_callers_stream(interprete
     plan = small_plan(interpreted)
     with pytest.raises(ValueError, match="x16_at 'after_gather'"):
         dataclasses.replace(with_schedule(plan, x16_at="after_gather"), dh=dataclasses.replace(plan.dh, gathers_rows=True))
-
-
-@pytest.mark.parametrize("group_m", [1, 2, 4])
-def test_weight_gradient_tile_orders(interpreted, group_m: int) -> None:
-    """Grouped tile orders of the persistent weight gradients (F = 128, 32-row tiles: 8 rows of tiles for
-    [grad_w1; grad_w3], 4 of them grad_w1's; 2 for grad_w2): every order covers every tile once."""
-    plan = small_plan(interpreted, programs_per_sm=1)
-    grouped = {name: dataclasses.replace(getattr(plan, name), tile=dataclasses.replace(getattr(plan, name).tile, group_m=group))
-               for name, group in (("grad_w2", 0), ("grad_w13", group_m))}  # fmt: skip
-    plan = dataclasses.replace(plan, **grouped)
-    outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, 128), torch.float32, torch.float32, plan=plan)
-    assert_match_in_float32(outputs, expected)
-
-
-def test_tile_group_must_not_straddle_the_two_weights(interpreted) -> None:
-    """With F = 96 grad_w1 has 3 rows of 32-row tiles: groups of 2 would mix grad_w1 and grad_w3 rows."""
-    plan = small_plan(interpreted, programs_per_sm=1)
-    plan = dataclasses.replace(
-        plan, grad_w13=dataclasses.replace(plan.grad_w13, tile=dataclasses.replace(plan.grad_w13.tile, group_m=2))
-    )
-    with pytest.raises(ValueError, match="group_m 2 must divide the 3 rows"):
-        run_interpreted(interpreted, Dims(50, 33, 64, 96), torch.float32, torch.float32, plan=plan)
 
 
 def test_gather_pads_g_and_shifts_ge_to_the_last_k_step(interpreted) -> None:
@@ -374,17 +352,15 @@ def test_warp_specialized_weight_gradient_needs_a_gpu(interpreted, field: str) -
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [({"b_resident": True, "dynamic": True}, "claimed one by one"), ({"dynamic": True, "programs": -1}, "programs must be 0")],
-    ids=["claimed-and-resident", "negative-programs"],
-)  # fmt: skip
-def test_impossible_weight_gradient_configuration_is_refused(interpreted, options: dict, message: str) -> None:
-    """A Gluon weight gradient configured beyond what its kernel can run is refused when it is made, and B's resident
-    slab, which holds four K steps of 64 tokens, when a plan asks for it at T > 256 (before any launch, and before the
-    check that the CPU interpreter cannot run Gluon kernels)."""
-    with pytest.raises(ValueError, match=message):
-        plan_types(interpreted).GluonWeightGrad(**options)
+def test_impossible_weight_gradient_configuration_is_refused(interpreted) -> None:
+    """A weight gradient configured beyond what its kernel can run is refused when it is made, and B's resident slab,
+    which holds four K steps of 64 tokens, when a plan asks for it at T > 256 (before any launch, and before the check
+    that the CPU interpreter cannot run Gluon kernels)."""
+    types = plan_types(interpreted)
+    with pytest.raises(ValueError, match="claimed one by one"):
+        types.GluonWeightGrad(b_resident=True, dynamic=True)
+    with pytest.raises(ValueError, match="stores whole tiles: epilogue_split 1, not 2"):
+        types.TritonWeightGrad(tile(interpreted, 32, 32, 16, 1, 1, 2))
     plan = dataclasses.replace(small_plan(interpreted), grad_w13=plan_types(interpreted).GluonWeightGrad(b_resident=True))
     with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
         run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
@@ -680,7 +656,7 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     """grad_w2 by the Gluon kernel, whose last step (short where at most 32 tokens are left) reads gated_output's rows
     that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the same
     order, less zero rows), in either tile order, its tiles dealt out in advance or claimed one by one, on every call,
-    also in 88 programs rather than one per SM, and every other output is unchanged. T = 196 (4 tokens past 192),
+    and every other output is unchanged. T = 196 (4 tokens past 192),
     215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short
     step alone)."""
     module = solution_module()
@@ -688,14 +664,13 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     outputs = list(cuda_outputs(dims).values())
     types, plan = plan_types(module), module.plan_for(dims.num_tokens)
     # Triton's kernel in the tile the buckets gave it before they moved to the Gluon kernel
-    triton_tile = (128, 128, 64, 4, 4, 1, 1, True) if dims.num_tokens <= 64 else WGRAD_PAIR
-    if dims.num_tokens > 256:
-        triton_tile = (*WGRAD_WIDE, 0)  # column by column
+    triton_tile = (
+        (128, 128, 64, 4, 4, 1, 1, True) if dims.num_tokens <= 64 else WGRAD_PAIR if dims.num_tokens <= 256 else WGRAD_WIDE
+    )
     triton_kernel = dataclasses.replace(plan, grad_w2=types.TritonWeightGrad(tile(module, *triton_tile)))
     gluon_kernel = types.GluonWeightGrad(by_column=by_column, dynamic=dynamic)
     gluon = dataclasses.replace(plan, grad_w2=gluon_kernel)
-    fewer = dataclasses.replace(plan, grad_w2=dataclasses.replace(gluon_kernel, programs=88))
-    triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon, fewer))
+    triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon))
     for call in gluon_calls:
         for spec, want, got in zip(OUTPUTS, triton_bits, call):
             assert torch.equal(got, want), spec.name

@@ -254,46 +254,28 @@ def dh_swiglu_kernel(
 @triton.jit
 def _weight_grad_tile(
     a, b, c, a_col, c_row, off_n, T, B_ROWS,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile: A's columns [a_col, a_col + BLOCK_M) against B's [off_n, off_n + BLOCK_N),
     stored at c[c_row, off_n]. The K step at A's row k reads B's rows from min(k, B_ROWS - BLOCK_K)."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, T, BLOCK_K):
         acc = tl.dot(a.load([k, a_col]).T, b.load([tl.minimum(k, B_ROWS - BLOCK_K), off_n]), acc)
-    if EPILOGUE_SPLIT == 1:
-        c.store([c_row, off_n], acc.to(c.dtype))
-    else:
-        left, right = _halves(acc, BLOCK_M, BLOCK_N)
-        c.store([c_row, off_n], left.to(c.dtype))
-        c.store([c_row, off_n + BLOCK_N // 2], right.to(c.dtype))
+    c.store([c_row, off_n], acc.to(c.dtype))
 
 
-@triton.jit
-def _grouped_tile(tile, num_m, num_n, GROUP_M):
-    """Tile number -> (row tile, column tile). Tiles go in groups of GROUP_M rows of tiles; within a group the
-    row tile changes fastest. GROUP_M = 1 walks C row by row (column tile fastest), GROUP_M = num_m column by
-    column."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows_here = tl.minimum(num_m - first_m, GROUP_M)
-    in_group = tile % per_group
-    return first_m + in_group % rows_here, in_group // rows_here
-
-
-@triton.jit(do_not_specialize=["T", "B_ROWS", "HIGH_FROM", "GROUP_M"])
+@triton.jit(do_not_specialize=["T", "B_ROWS", "HIGH_FROM"])
 def weight_grad_kernel(
     a, b, c, c_high,
-    T, B_ROWS, M, N, HIGH_FROM, GROUP_M,
+    T, B_ROWS, M, N, HIGH_FROM,
     BLOCK_M: tl.constexpr,  # output rows per tile
     BLOCK_N: tl.constexpr,  # output columns per tile
     BLOCK_K: tl.constexpr,  # tokens per step (the reduction runs over the T tokens)
-    EPILOGUE_SPLIT: tl.constexpr,  # 1 or 2: the tile is stored in BLOCK_N / EPILOGUE_SPLIT column pieces
     FLATTEN: tl.constexpr,  # pipeline across the tiles of a persistent program
 ):  # fmt: skip
     """C = A^T @ B with A (T x M), B (T x N): a weight gradient, reduction over the tokens.
 
-    Descriptor blocks: a [BLOCK_K, BLOCK_M], b [BLOCK_K, BLOCK_N], c and c_high [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT].
+    Descriptor blocks: a [BLOCK_K, BLOCK_M], b [BLOCK_K, BLOCK_N], c and c_high [BLOCK_M, BLOCK_N].
     No K step reads past the end of its operands: a TMA block that is partly out of bounds costs far more than
     one in bounds (docs/performance.md). A is padded by the launcher (rows past T are zeros, A has at least
     ceil(T / BLOCK_K) * BLOCK_K rows); B has B_ROWS rows: padded too (B_ROWS >= that, B read at A's rows), or
@@ -304,11 +286,8 @@ def weight_grad_kernel(
     HIGH_FROM = F, and the last wave of tiles is shared by both; grad_w2 passes HIGH_FROM = M. The two parts
     are two loops over one round-robin numbering of the tiles (program p takes the tiles p, p + programs, ...):
     a store whose descriptor depends on the tile, inside one pipelined loop, does not compile in Triton 3.6.
-    K = T is short (one to eight steps below T = 512), so the kernel is bound by storing C. The tile order
-    is `_grouped_tile`'s with GROUP_M row tiles per group (HIGH_FROM / BLOCK_M a multiple of GROUP_M, so the
-    low tiles come first): the launcher picks it so that the operand a wave of tiles re-reads stays in L2.
-    Storing in halves halves the shared memory the TMA store stages through, which leaves room for one more
-    pipeline stage.
+    K = T is short (one to eight steps below T = 512), so the kernel is bound by storing C. Tiles go row by
+    row (column tile fastest), so a wave of tiles shares a few row blocks of A in L2.
     """
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -316,15 +295,13 @@ def weight_grad_kernel(
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     for tile in tl.range(pid, low_tiles, programs, flatten=FLATTEN):
-        tile_m, tile_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
-        off_m = tile_m * BLOCK_M
-        _weight_grad_tile(a, b, c, off_m, off_m, tile_n * BLOCK_N, T, B_ROWS, BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE_SPLIT)
+        off_m = (tile // num_n) * BLOCK_M
+        _weight_grad_tile(a, b, c, off_m, off_m, (tile % num_n) * BLOCK_N, T, B_ROWS, BLOCK_M, BLOCK_N, BLOCK_K)
     first_high = low_tiles + (pid - low_tiles % programs + programs) % programs
     for tile in tl.range(first_high, num_m * num_n, programs, flatten=FLATTEN):
-        tile_m, tile_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
-        off_m = tile_m * BLOCK_M
-        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, tile_n * BLOCK_N, T, B_ROWS, BLOCK_M, BLOCK_N,
-                          BLOCK_K, EPILOGUE_SPLIT)  # fmt: skip
+        off_m = (tile // num_n) * BLOCK_M
+        _weight_grad_tile(a, b, c_high, off_m, off_m - HIGH_FROM, (tile % num_n) * BLOCK_N, T, B_ROWS, BLOCK_M, BLOCK_N,
+                          BLOCK_K)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["T"])

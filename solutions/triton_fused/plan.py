@@ -43,10 +43,9 @@ class Tile:
     block_k: int
     num_warps: int
     num_stages: int
-    epilogue_split: int = 1  # column pieces of the epilogue: 1, 2 or 4 for dh_swiglu, 1 or 2 for weight_grad
+    epilogue_split: int = 1  # dh_swiglu: column pieces of the epilogue, 1, 2 or 4
     programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
     flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
-    group_m: int = 1  # weight_grad: rows of tiles per group of its tile order (0: all rows, row tile fastest)
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,13 @@ Dh = TritonDh | GluonDh
 
 @dataclass(frozen=True)
 class TritonWeightGrad:
-    """A weight gradient by Triton's persistent weight_grad_kernel."""
+    """A weight gradient by Triton's persistent weight_grad_kernel, which stores whole tiles."""
 
     tile: Tile
+
+    def __post_init__(self) -> None:
+        if self.tile.epilogue_split != 1:
+            raise ValueError(f"weight_grad_kernel stores whole tiles: epilogue_split 1, not {self.tile.epilogue_split}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,13 +103,10 @@ class GluonWeightGrad:
     # Tiles claimed one at a time from a counter in memory rather than dealt out in advance: programs that start late,
     # on SMs the stage before frees last, take fewer tiles
     dynamic: bool = False
-    programs: int = 0  # persistent programs; 0 = one per SM
 
     def __post_init__(self) -> None:
         if self.dynamic and self.b_resident:
             raise ValueError("the weight gradient's tiles are claimed one by one (dynamic) or runs of them keep B resident")
-        if self.programs < 0:
-            raise ValueError(f"the weight gradient's programs must be 0 (one per SM) or more, not {self.programs}")
 
 
 WeightGrad = TritonWeightGrad | GluonWeightGrad

@@ -334,17 +334,13 @@ def _weight_grad(
     """[c; c_high] = a^T @ b over the T tokens, with a (p.rows x M, padded), b (p.rows or T rows, N columns; see
     weight_grad_kernel), c and c_high (N columns each) stacked into M rows."""
     m, n = a.shape[1], b.shape[1]
-    store = [t.block_m, t.block_n // t.epilogue_split]
     row_tiles = triton.cdiv(m, t.block_m)
     high_from = c.shape[0] if c_high is not None else row_tiles * t.block_m  # a whole number of tiles
-    group_m = t.group_m or row_tiles
-    if (high_from // t.block_m) % group_m:
-        raise ValueError(f"group_m {group_m} must divide the {high_from // t.block_m} rows of tiles stored through c")
+    store = [t.block_m, t.block_n]
     p.launch(weight_grad_kernel, _grid(row_tiles * triton.cdiv(n, t.block_n), t, p.device),
         p.descriptor(a, [t.block_k, t.block_m]), p.descriptor(b, [t.block_k, t.block_n]),
         p.descriptor(c, store), p.descriptor(c if c_high is None else c_high, store), p.tokens, b.shape[0], m, n, high_from,
-        group_m,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split, FLATTEN=t.flatten,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, FLATTEN=t.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
@@ -384,7 +380,7 @@ def _weight_grad_warp_specialized(p: Problem, w: GluonWeightGrad, a: torch.Tenso
     m, n = a.shape[1], b.shape[1]
     tiles = triton.cdiv(m, WS_BLOCK_M) * triton.cdiv(n, WS_BLOCK_N)
     store = [WS_BLOCK_M // 2, WS_STORE_WIDTH]
-    p.launch(weight_grad_ws_kernel, (min(tiles, w.programs or _multiprocessors(p.device)),),
+    p.launch(weight_grad_ws_kernel, (min(tiles, _multiprocessors(p.device)),),
         p.gluon_descriptor(a, [WS_BLOCK_K, WS_BLOCK_M]), p.gluon_descriptor(b, [WS_BLOCK_K, WS_BLOCK_N]),
         p.gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), p.gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
         p.gluon_descriptor(c, store), p.gluon_descriptor(c if c_high is None else c_high, store),
