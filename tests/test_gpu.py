@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.attribution import profile_kernels
 from harness.isolation import RunPlan
 from harness.parallel import device_slots, run_local
 from harness.registry import SOLUTIONS_DIR, get_solution
@@ -53,3 +54,15 @@ def test_isolated_workers_on_one_gpu(tmp_path: Path) -> None:
         assert workload.status is Status.PASSED and workload.device_index == 0, workload.message
         assert result.provenance.device_type == "cuda" and [d.device_type for d in result.devices] == ["cuda"]
     assert results["torch_eager"].workloads[0].baseline_us == results["reference_fp32"].workloads[0].latency_us
+
+
+def test_kernel_profile_from_an_idle_device_or_behind_a_head_start() -> None:
+    """`bench --kernels` profiles a call from an idle device; timeline.py behind a GPU spin, which the profile leaves out:
+    both see the call's one kernel, and the 2 ms spin is in neither span."""
+    cuda = torch.device("cuda")
+    a = torch.randn(2048, 2048, device=cuda)
+    idle = profile_kernels(lambda i: a @ a, lambda i: None, cuda)
+    ahead = profile_kernels(lambda i: a @ a, lambda i: None, cuda, head_start_s=2e-3)
+    for profile in (idle, ahead):
+        assert profile.calls == 3 and len(profile.kernels) == 1 and 0 < profile.span_us < 1000, profile
+    assert idle.kernels[0].name == ahead.kernels[0].name
