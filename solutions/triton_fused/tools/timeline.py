@@ -42,7 +42,7 @@ HEAD_START_SECONDS = 5e-3  # the GPU spin ahead of the profiled call: longer tha
 
 
 def backward_call(module, arguments: list[torch.Tensor], plan, index: int) -> None:
-    """The i-th call of a profile (profile_kernels numbers them): the whole backward on the same arguments."""
+    """One call of a profile (profile_kernels passes its number as `index`): the whole backward on the same arguments."""
     module.backward(*arguments, plan=plan)
 
 
