@@ -56,6 +56,18 @@ def test_isolated_workers_on_one_gpu(tmp_path: Path) -> None:
     assert results["torch_eager"].workloads[0].baseline_us == results["reference_fp32"].workloads[0].latency_us
 
 
+def test_cuda_graph_replays_pass_the_check_near_the_device_time(tmp_path: Path) -> None:
+    """`bench --cuda-graph`: triton_fused captured in a CUDA graph (two streams, events, its recorded launches) replays
+    with outputs that pass the check, in about its device time (the GPU's work without the host's issue)."""
+    suite = load_named_suite("public")
+    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20), cuda_graph=True)
+    result = Bench(get_solution("triton_fused"), torch.device("cuda"), options, tmp_path).run(suite, [suite.workloads[14]])
+    (workload,) = result.workloads
+    graph = workload.cuda_graph
+    assert workload.status is Status.PASSED and graph.error == "", (workload.message, graph.error)
+    assert 0.8 * workload.device_us < graph.timing.mean_us < 1.3 * workload.device_us, (graph.timing.mean_us, workload.device_us)
+
+
 def test_kernel_profile_from_an_idle_device_or_behind_a_head_start() -> None:
     """`bench --kernels` profiles a call from an idle device; timeline.py behind a GPU spin, which the profile leaves out:
     both see the call's one kernel, and the 2 ms spin is in neither span."""
