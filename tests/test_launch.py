@@ -24,6 +24,11 @@ def launch_module():
     return sys.modules[run.__module__.rsplit(".", 1)[0] + ".launch"]
 
 
+def native_module(launch):
+    """The native.py beside a loaded launch module (loading the solution again would give another)."""
+    return sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"]
+
+
 @dataclass
 class Descriptor:
     base: torch.Tensor
@@ -185,8 +190,8 @@ def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
     descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
     the call's tensors marked where their addresses go."""
     launch = launch_module()
-    module, native_module = FakeReplayModule(), sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"]
-    monkeypatch.setattr(native_module, "_compiled_module", lambda: module)
+    module, native_py = FakeReplayModule(), native_module(launch)
+    monkeypatch.setattr(native_py, "_compiled_module", lambda: module)
     kernel, scratch = Kernel(), torch.zeros(8)
     kernel.compiled.run = CudaLauncher(kernel.log)
     kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
@@ -206,7 +211,7 @@ def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
     ]  # fmt: skip
     assert native.pointers == [(0, 0)] and native.maps == [(1, 1)]
     assert program.native is not None and module.calls == [
-        ("new", [native_module.layout(t) for t in first]),
+        ("new", [native_py.layout(t) for t in first]),
         ("launch", native.function, native.params),
     ]
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
@@ -240,7 +245,7 @@ def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(monkeypat
     """Triton hands a descriptor that its compiler did not lower to TMA as the base pointer, shape and strides (i64),
     padding flag (i1), then shape (i32) and strides (i64): the base is a call tensor's address to put in."""
     launch = launch_module()
-    monkeypatch.setattr(sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"], "_compiled_module", FakeReplayModule)
+    monkeypatch.setattr(native_module(launch), "_compiled_module", FakeReplayModule)
     kernel, scratch = Kernel(), torch.zeros(8)
     kernel.compiled.run = CudaLauncher(kernel.log, metadata=None)
     kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
@@ -259,7 +264,7 @@ def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(monkeypat
 
 def test_a_launch_the_native_replay_cannot_write_is_left_to_the_python_replay(monkeypatch) -> None:
     launch = launch_module()
-    monkeypatch.setattr(sys.modules[launch.__name__.rsplit(".", 1)[0] + ".native"], "_compiled_module", FakeReplayModule)
+    monkeypatch.setattr(native_module(launch), "_compiled_module", FakeReplayModule)
     kernel, scratch = Kernel(), torch.zeros(8)
     kernel.compiled.run = CudaLauncher(kernel.log)
     kernel.compiled.run.global_scratch_size = 64  # scratch allocated per launch: not recordable as bytes

@@ -361,7 +361,7 @@ def test_impossible_weight_gradient_configuration_is_refused(interpreted) -> Non
         types.GluonWeightGrad(b_resident=True, dynamic=True)
     with pytest.raises(ValueError, match="stores whole tiles: epilogue_split 1, not 2"):
         types.TritonWeightGrad(tile(interpreted, 32, 32, 16, 1, 1, 2))
-    plan = dataclasses.replace(small_plan(interpreted), grad_w13=plan_types(interpreted).GluonWeightGrad(b_resident=True))
+    plan = dataclasses.replace(small_plan(interpreted), grad_w13=types.GluonWeightGrad(b_resident=True))
     with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
         run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
 
@@ -656,9 +656,8 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     """grad_w2 by the Gluon kernel, whose last step (short where at most 32 tokens are left) reads gated_output's rows
     that end at T against ge shifted for that step, gives the bits of Triton's kernel (the same products in the same
     order, less zero rows), in either tile order, its tiles dealt out in advance or claimed one by one, on every call,
-    and every other output is unchanged. T = 196 (4 tokens past 192),
-    215 (23), 240 (48: a whole last step, shifted), 296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short
-    step alone)."""
+    and every other output is unchanged. T = 196 (4 tokens past 192), 215 (23), 240 (48: a whole last step, shifted),
+    296 (40), 336 (16), 128, 496 (48), 64 (no remainder), 20 (the short step alone)."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
