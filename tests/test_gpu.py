@@ -11,6 +11,7 @@ from harness.attribution import profile_kernels
 from harness.isolation import RunPlan
 from harness.parallel import device_slots, run_local
 from harness.registry import SOLUTIONS_DIR, get_solution
+from harness.results import BenchResult
 from harness.runner import Bench, BenchOptions, Scorer
 from harness.status import Status
 from harness.timing import TimingConfig
@@ -27,11 +28,16 @@ def test_generator_is_deterministic_on_cuda() -> None:
     assert all(torch.equal(first[name], again[name]) for name in first)
 
 
+def bench_smallest_public_workload(solution: str, results_dir: Path, cuda_graph: bool = False) -> BenchResult:
+    """One solution on the public workload of the fewest bytes (#14, B = 256, T = 64), with few trials and calls."""
+    suite = load_named_suite("public")
+    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20), cuda_graph=cuda_graph)
+    return Bench(get_solution(solution), torch.device("cuda"), options, results_dir).run(suite, [suite.workloads[14]])
+
+
 @pytest.mark.parametrize("solution", ["reference_fp32", "torch_eager"])
 def test_public_workload_on_cuda(tmp_path: Path, solution: str) -> None:
-    suite = load_named_suite("public")
-    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20))
-    result = Bench(get_solution(solution), torch.device("cuda"), options, tmp_path).run(suite, [suite.workloads[14]])
+    result = bench_smallest_public_workload(solution, tmp_path)
     workload = result.workloads[0]
     assert workload.status is Status.PASSED, workload.message
     assert workload.call_latency.clock == workload.device_time.clock == "cuda_events" and workload.device_time.n >= 10
@@ -59,10 +65,7 @@ def test_isolated_workers_on_one_gpu(tmp_path: Path) -> None:
 def test_cuda_graph_replays_pass_the_check_near_the_device_time(tmp_path: Path) -> None:
     """`bench --cuda-graph`: triton_fused captured in a CUDA graph (two streams, events, its recorded launches) replays
     with outputs that pass the check, in about its device time (the GPU's work without the host's issue)."""
-    suite = load_named_suite("public")
-    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20), cuda_graph=True)
-    result = Bench(get_solution("triton_fused"), torch.device("cuda"), options, tmp_path).run(suite, [suite.workloads[14]])
-    (workload,) = result.workloads
+    (workload,) = bench_smallest_public_workload("triton_fused", tmp_path, cuda_graph=True).workloads
     graph = workload.cuda_graph
     assert workload.status is Status.PASSED and graph.error == "", (workload.message, graph.error)
     assert 0.8 * workload.device_us < graph.timing.mean_us < 1.3 * workload.device_us, (graph.timing.mean_us, workload.device_us)

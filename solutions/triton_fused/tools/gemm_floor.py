@@ -12,9 +12,10 @@ backward: in plain bf16 the weight gradients fail from T = 215 on (SPEC section 
 
 Each product alone (the per-stage floor), then three layouts of all five per workload: one stream in the order
 above; two streams with grad_w2 and then dx on a second stream (grad_w2 beside dh, dx beside grad_w1/grad_w3, dx and
-grad_w1/grad_w3 after dh); and the same with dx and grad_w1/grad_w3 swapped between the streams. triton_fused is timed in the same process on the same input set.
-Times are means of the harness's CUDA-event timer (harness.timing: L2 flushed before each call, a GPU spin ahead
-of each batch), in microseconds. Rows are appended to --out (JSON lines) as they are measured.
+grad_w1/grad_w3 after dh); and the same with dx and grad_w1/grad_w3 swapped between the streams. triton_fused is timed
+in the same process on the same input set. Times are means of the harness's CUDA-event timer (harness.timing: L2
+flushed before each call, a GPU spin ahead of each batch), in microseconds. Rows are appended to --out (JSON lines) as
+they are measured.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from plan_ab import gpu_time_us
 
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
+from harness.runner import allocate_outputs
 from harness.timing import TimingConfig
-from harness.workloads import load_named_suite
+from harness.workloads import Workload, load_named_suite
 from reference import generate_inputs
-from reference.problem import INPUTS, OUTPUTS, Dims
+from reference.problem import INPUTS, OUTPUTS
 
 # The harness bench's defaults (harness/cli.py).
 TIMING = TimingConfig(max_calls=300, target_rel_stderr=0.01)
@@ -95,12 +97,13 @@ def two_streams(p: Products, side: torch.cuda.Stream, dx_on_side: bool) -> None:
     caller.wait_stream(side)
 
 
-def measure(dims: Dims, seed: int, run: Callable[..., object], side: torch.cuda.Stream) -> dict[str, float]:
+def measure(workload: Workload, seed: int, run: Callable[..., object], side: torch.cuda.Stream) -> dict[str, float]:
     """Each cuBLAS product alone, the three layouts of all five, and triton_fused on one input set of one workload."""
+    dims = workload.dims
     inputs = generate_inputs(dims, seed, "cuda")
-    outputs = {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device="cuda") for spec in OUTPUTS}
-    p = Products(inputs, outputs)
-    arguments = [inputs[spec.name] for spec in INPUTS] + [outputs[spec.name] for spec in OUTPUTS]
+    outputs = allocate_outputs(workload, torch.device("cuda"))
+    p = Products(inputs, {spec.name: out for spec, out in zip(OUTPUTS, outputs)})
+    arguments = [inputs[spec.name] for spec in INPUTS] + outputs
     return {
         "B": dims.batch_seq_len,
         "T": dims.num_tokens,
@@ -128,7 +131,7 @@ def main() -> None:
           f" {'two, dx side':>13} {'two, w13 side':>14} {'triton_fused':>13}")  # fmt: skip
     rows = []
     for index, workload in enumerate(load_named_suite("public").workloads):
-        row = {"index": index, "uuid": workload.uuid, **measure(workload.dims, args.seed, run, side)}
+        row = {"index": index, "uuid": workload.uuid, **measure(workload, args.seed, run, side)}
         rows.append(row)
         with out.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
