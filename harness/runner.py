@@ -140,8 +140,7 @@ def _synchronize(device: torch.device) -> None:
 # GPU work still running after the call returned, beyond this share of the call's own time (or this many
 # milliseconds, whichever is more), was left on another stream. Measured on the host: once the call's
 # stream has finished, how long a device-wide synchronisation still waits. For an honest call that is the
-# cost of an empty synchronisation, microseconds. (An earlier version measured it with a third event and
-# counted the harness's own checks between the call and that event: 0.2-0.6 ms of false "late work".)
+# cost of an empty synchronisation, microseconds; nothing of the harness's own runs inside that wait.
 LATE_WORK_SHARE = 0.25
 LATE_WORK_MIN_MS = 0.5
 # Trials added when the trials end with one unconfirmed sighting of late work (see LateWorkWatch): the

@@ -56,9 +56,9 @@ SPIN_CYCLES_PER_SECOND = 2.0e9
 class L2Flusher:
     """Evicts the L2 cache by writing a buffer twice its size (queued on the current stream).
 
-    Writing leaves the L2 full of dirty lines, whose write-back falls inside the timed call that follows: on the
-    H200 up to about 8 us of a memory-bound call (reading 117 MB: 43.1 us after this flush, 35.3 after one that
-    reads the buffer; docs/performance.md, v9). Triton's do_bench flushes the same way, so figures stay comparable.
+    Writing leaves the L2 full of dirty lines, whose write-back falls inside the timed call that follows (on the
+    H200, microseconds of a memory-bound call: docs/performance.md). Triton's do_bench flushes the same way, so
+    figures stay comparable.
     """
 
     def __init__(self, device: torch.device):

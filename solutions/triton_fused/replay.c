@@ -90,10 +90,8 @@ static void free_operation(Operation *op) {
   free(op->maps);
 }
 
-static void free_program(PyObject *capsule) {
-  Program *program = PyCapsule_GetPointer(capsule, "triton_fused.Program");
-  if (!program)
-    return;
+/* Frees a program, whole or half-built (new_program's error path: no operations, layouts read so far). */
+static void destroy(Program *program) {
   for (Py_ssize_t i = 0; i < program->n_ops; ++i)
     free_operation(&program->ops[i]);
   for (Py_ssize_t i = 0; program->layouts && i < program->n_tensors; ++i)
@@ -101,6 +99,12 @@ static void free_program(PyObject *capsule) {
   free(program->layouts);
   free(program->ops);
   free(program);
+}
+
+static void free_program(PyObject *capsule) {
+  Program *program = PyCapsule_GetPointer(capsule, "triton_fused.Program");
+  if (program)
+    destroy(program);
 }
 
 /* Reads a shape or strides (a sequence of ints) into `into`; 0 with an exception set if it is not one of at most
@@ -242,10 +246,7 @@ static PyObject *new_program(PyObject *self, PyObject *args) {
   }
 fail:
   Py_DECREF(fast);
-  for (Py_ssize_t i = 0; program->layouts && i < program->n_tensors; ++i)
-    Py_XDECREF(program->layouts[i].dtype);
-  free(program->layouts);
-  free(program);
+  destroy(program);
   return NULL;
 }
 
