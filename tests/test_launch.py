@@ -1,5 +1,6 @@
-"""triton_fused's call program (solutions/triton_fused/launch.py): recorded on a context's first call, replayed with
-each later call's tensors. A stand-in kernel and stream play the JIT's and CUDA's parts, so this runs on the CPU."""
+"""triton_fused's call program (solutions/triton_fused/launch.py, native.py, replay.c): recorded on a context's first
+call, replayed with each later call's tensors. Stand-ins play the JIT's, Triton's launcher's and the driver's parts,
+so this runs on the CPU."""
 
 from __future__ import annotations
 
@@ -35,108 +36,6 @@ class Descriptor:
     block_shape: list[int]
 
 
-class Compiled:
-    """What the JIT returns: a binary whose launcher records the grid, stream and values it was handed."""
-
-    function = "binary"
-    packed_metadata = "metadata"
-
-    def __init__(self, log: list):
-        self.log = log
-
-    def run(self, grid_x, grid_y, grid_z, stream, function, metadata, launch_metadata, enter, exit_, *values):
-        self.log.append(
-            ((grid_x, grid_y, grid_z), stream, [v.base.data_ptr() if isinstance(v, Descriptor) else v for v in values])
-        )
-
-
-class Kernel:
-    """A stand-in for a JIT function: its first launch (through the JIT) is logged as a replay would be."""
-
-    def __init__(self):
-        self.log: list = []
-        self.compiled = Compiled(self.log)
-
-        def fn(x, desc, scratch, n, BLOCK=16):
-            pass
-
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        def jit(*args, **kwargs):
-            values = [*args, kwargs.get("BLOCK", 16)]
-            self.compiled.run(*(*grid, 1)[:3], "caller-stream", "binary", "metadata", None, None, None, *values)
-            return self.compiled
-
-        return jit
-
-
-class Stream:
-    cuda_stream = "caller-stream"
-
-
-def call(program, kernel, x: torch.Tensor, scratch: torch.Tensor, descriptor: Descriptor, tensors) -> None:
-    program.begin(tensors)
-    descriptor.base = tensors[1]
-    program.launch(kernel, (4, 2), None, Stream(), x, descriptor, scratch, 7, BLOCK=32)
-    program.end()
-
-
-def test_replay_puts_in_each_calls_tensors_and_keeps_the_rest() -> None:
-    launch = launch_module()
-    kernel, scratch = Kernel(), torch.zeros(8)
-    first = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram()
-    call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
-    assert program.recorded and len(program.operations) == 1
-    later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
-    program.replay(later)
-    (grid, stream, values), (grid2, stream2, values2) = kernel.log
-    assert grid == grid2 == (4, 2, 1) and stream == stream2 == "caller-stream"
-    assert values[0] is first[0] and values2[0] is later[0]
-    assert values2[1] == later[1].data_ptr() and values2[2] is scratch and values2[3:] == [7, 32]
-    launched = program.operations[0]
-    assert all(d.base is None for d, _ in launched.descriptors)  # the program keeps no call's tensors alive
-    assert all(launched.values[position] is None for position, _ in launched.tensors)
-
-
-def test_a_view_of_a_calls_tensor_leaves_the_program_unrecorded() -> None:
-    launch = launch_module()
-    kernel = Kernel()
-    tensors = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram()
-    program.begin(tensors)
-    program.launch(kernel, (1,), None, Stream(), tensors[0][1:], Descriptor(tensors[1], [2]), torch.zeros(2), 1)
-    program.end()
-    assert not program.recorded and program.operations == []
-
-
-def test_launches_outside_a_call_are_not_kept() -> None:
-    """A context's kernels launched outside begin and end (a test or a sweep driving one stage) are not recorded:
-    nothing accumulates, and the first call still records."""
-    launch = launch_module()
-    kernel, scratch = Kernel(), torch.zeros(8)
-    tensors = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram()
-    for _ in range(3):
-        program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
-    assert program.operations == [] and not program.recorded
-    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
-    assert program.recorded and len(program.operations) == 1
-
-
-def test_a_call_that_raised_leaves_nothing_recorded() -> None:
-    launch = launch_module()
-    kernel, scratch = Kernel(), torch.zeros(8)
-    tensors = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram()
-    program.begin(tensors)
-    program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
-    # the call raised here: no end(); the next call records afresh
-    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
-    assert program.recorded and len(program.operations) == 1
-
-
 # A stand-in for Triton 3.6's CUDA launcher: CudaLauncher.__call__ hands grid, stream, kernel, options, scratch and
 # metadata to `launch`, a closure that encodes every descriptor argument (make_tensordesc_arg: the CUtensorMap, then
 # the shape as i32 and the strides as i64; for a descriptor the compiler did not lower to TMA, no metadata, its base,
@@ -166,8 +65,12 @@ class CudaLauncher:
     global_scratch_size = profile_scratch_size = 0
     launch_cooperative_grid, launch_pdl = False, True
 
-    def __init__(self, log: list, metadata: str | None = "meta"):
-        self.launch = wrap_handle_tensordesc(lambda *flat: log.append(flat), {1}, [metadata])
+    def __init__(self, metadata: str | None):
+        self.launches = 0
+        self.launch = wrap_handle_tensordesc(self._count, {1}, [metadata])
+
+    def _count(self, *flat) -> None:
+        self.launches += 1
 
     def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
         self.launch(grid_x, grid_y, grid_z, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None, *args)
@@ -185,41 +88,44 @@ class Metadata:
     shared: int = 1024
 
 
-def test_native_launch_lays_out_the_kernels_parameters(monkeypatch) -> None:
-    """The native replay's description of a launch (native.py): the kernel's parameters in Triton 3.6's layout, a
-    descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
-    the call's tensors marked where their addresses go."""
-    launch = launch_module()
-    module, native_py = FakeReplayModule(), native_module(launch)
-    monkeypatch.setattr(native_py, "_compiled_module", lambda: module)
-    kernel, scratch = Kernel(), torch.zeros(8)
-    kernel.compiled.run = CudaLauncher(kernel.log)
-    kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
-                                  "BLOCK": "constexpr"})  # fmt: skip
-    kernel.compiled.metadata = Metadata()
-    kernel.compiled.function = 1234
-    first = [torch.ones(4), torch.ones(6)]
-    program = launch.CallProgram()
-    call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
-    native = program.operations[0].native
-    assert native is not None
-    assert (native.function, native.grid, native.stream) == (1234, (4, 2, 1), "caller-stream")
-    assert (native.num_warps, native.num_ctas, native.shared_memory, native.pdl, native.cooperative) == (4, 1, 1024, True, False)
-    assert native.params == [
-        (8, first[0].data_ptr()), (128, ("map", first[1].data_ptr(), "meta")), (4, 6), (8, 1), (8, scratch.data_ptr()),
-        (4, 7), (8, 0), (8, 0),
-    ]  # fmt: skip
-    assert native.pointers == [(0, 0)] and native.maps == [(1, 1)]
-    assert program.native is not None and module.calls == [
-        ("new", [native_py.layout(t) for t in first]),
-        ("launch", native.function, native.params),
-    ]
-    later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
-    program.replay(later)
-    assert module.calls[-1] == ("replay", later) and len(kernel.log) == 1  # replayed by the C program alone
-    module.matches = False
-    program.replay(later)
-    assert len(kernel.log) == 2 and kernel.log[-1][13] is later[0]  # refused: the Python replay serves
+class Compiled:
+    """What the JIT returns: the kernel (`function`), its signature, metadata and launcher."""
+
+    function = 1234
+    packed_metadata = "metadata"
+    src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32", "BLOCK": "constexpr"})
+    metadata = Metadata()
+
+    def __init__(self, metadata: str | None):
+        self.run = CudaLauncher(metadata)
+
+
+class Kernel:
+    """A stand-in for a JIT function of parameters (x, desc, scratch, n, BLOCK=16): every launch goes through the
+    launcher (`launches` counts them)."""
+
+    def __init__(self, metadata: str | None = "meta"):
+        self.compiled = Compiled(metadata)
+
+        def fn(x, desc, scratch, n, BLOCK=16):
+            pass
+
+        self.fn = fn
+
+    @property
+    def launches(self) -> int:
+        return self.compiled.run.launches
+
+    def __getitem__(self, grid):
+        def jit(*args, **kwargs):
+            self.compiled.run(*(*grid, 1)[:3], "caller-stream", self.compiled.function, *args, kwargs.get("BLOCK", 16))
+            return self.compiled
+
+        return jit
+
+
+class Stream:
+    cuda_stream = "caller-stream"
 
 
 class FakeReplayModule:
@@ -241,20 +147,59 @@ class FakeReplayModule:
         return self.matches
 
 
-def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(monkeypatch) -> None:
+@pytest.fixture
+def fake_replay(monkeypatch) -> tuple[object, FakeReplayModule]:
+    """The loaded launch module's native replay built by a FakeReplayModule: (launch module, the fake)."""
+    launch, module = launch_module(), FakeReplayModule()
+    monkeypatch.setattr(native_module(launch), "_compiled_module", lambda: module)
+    return launch, module
+
+
+def call(program, kernel, x: torch.Tensor, scratch: torch.Tensor, descriptor: Descriptor, tensors) -> None:
+    program.begin(tensors)
+    descriptor.base = tensors[1]
+    program.launch(kernel, (4, 2), None, Stream(), x, descriptor, scratch, 7, BLOCK=32)
+    program.end()
+
+
+def test_native_launch_lays_out_the_kernels_parameters(fake_replay) -> None:
+    """The native replay's description of a launch (native.py): the kernel's parameters in Triton 3.6's layout, a
+    descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
+    the call's tensors marked where their addresses go; later calls replay through the C program alone."""
+    launch, module = fake_replay
+    kernel, scratch = Kernel(), torch.zeros(8)
+    first = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
+    ((kind, native),) = program.operations
+    assert kind == "launch"
+    assert (native.function, native.grid, native.stream) == (1234, (4, 2, 1), "caller-stream")
+    assert (native.num_warps, native.num_ctas, native.shared_memory, native.pdl, native.cooperative) == (4, 1, 1024, True, False)
+    assert native.params == [
+        (8, first[0].data_ptr()), (128, ("map", first[1].data_ptr(), "meta")), (4, 6), (8, 1), (8, scratch.data_ptr()),
+        (4, 7), (8, 0), (8, 0),
+    ]  # fmt: skip
+    assert native.pointers == [(0, 0)] and native.maps == [(1, 1)]
+    assert program.native is not None and module.calls == [
+        ("new", [native_module(launch).layout(t) for t in first]),
+        ("launch", native.function, native.params),
+    ]
+    later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
+    assert program.native(later) is True
+    assert module.calls[-1] == ("replay", later) and kernel.launches == 1  # replayed by the C program alone
+    module.matches = False
+    assert program.native(later) is False  # solution.backward then runs the launcher's code
+
+
+def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(fake_replay) -> None:
     """Triton hands a descriptor that its compiler did not lower to TMA as the base pointer, shape and strides (i64),
     padding flag (i1), then shape (i32) and strides (i64): the base is a call tensor's address to put in."""
-    launch = launch_module()
-    monkeypatch.setattr(native_module(launch), "_compiled_module", FakeReplayModule)
-    kernel, scratch = Kernel(), torch.zeros(8)
-    kernel.compiled.run = CudaLauncher(kernel.log, metadata=None)
-    kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
-                                  "BLOCK": "constexpr"})  # fmt: skip
-    kernel.compiled.metadata = Metadata()
+    launch, _ = fake_replay
+    kernel, scratch = Kernel(metadata=None), torch.zeros(8)
     tensors = [torch.ones(4), torch.ones(6)]
     program = launch.CallProgram()
     call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
-    native = program.operations[0].native
+    ((_, native),) = program.operations
     assert native.params == [
         (8, tensors[0].data_ptr()), (8, tensors[1].data_ptr()), (8, 6), (8, 1), (1, 0), (4, 6), (8, 1),
         (8, scratch.data_ptr()), (4, 7), (8, 0), (8, 0),
@@ -262,29 +207,60 @@ def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(monkeypat
     assert native.pointers == [(0, 0), (1, 1)] and native.maps == []
 
 
-def test_a_launch_the_native_replay_cannot_write_is_left_to_the_python_replay(monkeypatch) -> None:
-    launch = launch_module()
-    monkeypatch.setattr(native_module(launch), "_compiled_module", FakeReplayModule)
+def test_a_view_of_a_calls_tensor_leaves_the_program_unrecorded(fake_replay) -> None:
+    launch, _ = fake_replay
+    tensors = [torch.ones(4), torch.ones(6)]
+    for view in ([tensors[0][1:], Descriptor(tensors[1], [2])], [tensors[0], Descriptor(tensors[1][2:], [2])]):
+        program = launch.CallProgram()
+        program.begin(tensors)
+        program.launch(Kernel(), (1,), None, Stream(), *view, torch.zeros(2), 1)
+        program.end()
+        assert program.native is None and program.operations == []
+
+
+def test_a_launch_the_native_replay_cannot_write_leaves_the_calls_to_the_launchers_code(fake_replay) -> None:
+    launch, module = fake_replay
     kernel, scratch = Kernel(), torch.zeros(8)
-    kernel.compiled.run = CudaLauncher(kernel.log)
     kernel.compiled.run.global_scratch_size = 64  # scratch allocated per launch: not recordable as bytes
-    kernel.compiled.src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32",
-                                  "BLOCK": "constexpr"})  # fmt: skip
     tensors = [torch.ones(4), torch.ones(6)]
     program = launch.CallProgram()
+    with pytest.warns(UserWarning, match="every call of this shape from Python: the kernel needs scratch memory"):
+        call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    assert program.native is None and program.operations == [] and module.calls == []
+
+
+def test_launches_outside_a_call_are_not_kept(fake_replay) -> None:
+    """A context's kernels launched outside begin and end (a test or a sweep driving one stage) are not recorded:
+    nothing accumulates, and the first call still records."""
+    launch, _ = fake_replay
+    kernel, scratch = Kernel(), torch.zeros(8)
+    tensors = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    for _ in range(3):
+        program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
+    assert program.operations == [] and program.native is None
     call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
-    assert program.recorded and program.operations[0].native is None and program.native is None
-    later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
-    program.replay(later)
-    assert kernel.log[-1][13] is later[0]  # through the launcher, from Python
+    assert len(program.operations) == 1 and program.native is not None
+
+
+def test_a_call_that_raised_leaves_nothing_recorded(fake_replay) -> None:
+    launch, _ = fake_replay
+    kernel, scratch = Kernel(), torch.zeros(8)
+    tensors = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    program.begin(tensors)
+    program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
+    # the call raised here: no end(); the next call records afresh
+    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    assert len(program.operations) == 1 and program.native is not None
 
 
 @pytest.fixture(scope="module")
 def replay_on_fake_driver(tmp_path_factory):
     """replay.c built with the C compiler against the cuda.h that Triton ships and linked with a stand-in for the
     driver (tests/data/fake_cuda_driver.c) into one module: its replay logic runs without a GPU. On the GPU machine
-    replay.c is built by Triton's tool, and where it does not build only speed is lost (the Python replay serves, with
-    a warning), so a C error must fail here. (module, the stand-in driver through ctypes)."""
+    replay.c is built by Triton's tool, and where it does not build only speed is lost (every call runs the launcher's
+    code, with a warning), so a C error must fail here. (module, the stand-in driver through ctypes)."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     cuda_include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
     python_include = Path(sysconfig.get_paths()["include"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,18 @@ def test_kernels_match_the_reference_in_float32(interpreted, dims: Dims) -> None
     for spec, out, ref in zip(OUTPUTS, outputs, expected):
         assert not torch.isnan(out).any(), f"{spec.name}: unwritten elements"
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=spec.name)
+
+
+def test_a_context_keeps_none_of_a_calls_tensors(interpreted) -> None:
+    """Once a call has returned, neither its context (inputs, outputs, the descriptors over them) nor the context's call
+    program holds any of the call's tensors: a caller's memory is freed when the caller lets it go."""
+    dims = Dims(50, 33, 64, 80)
+    inputs = interpreted_inputs(dims, torch.float32)
+    outputs = [torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS]
+    interpreted.backward(*inputs.values(), *outputs, plan=small_plan(interpreted), precise_dtype=torch.float32)
+    kept = [weakref.ref(tensor) for tensor in (*inputs.values(), *outputs)]
+    del inputs, outputs
+    assert [ref() for ref in kept] == [None] * len(kept)
 
 
 @pytest.mark.parametrize("epilogue_split", [2, 4])
@@ -846,7 +859,10 @@ def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int) -> None:
     module.forget_call_contexts()
     outputs_of(first)
     (context,) = module._CONTEXTS.values()
-    assert context.program.recorded and context.program.native is not None  # replayed by replay.c
+    assert context.program.native is not None  # replayed by replay.c
+    kept = weakref.ref(first["grad_output"])
+    del first
+    assert kept() is None  # the context keeps none of its first call's tensors
     replayed = outputs_of(second)
     for name, a, b in zip(module.OUTPUT_NAMES, launched, replayed):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name

@@ -8,72 +8,27 @@ synchronises before every call (the public benchmark, a training step that canno
 A `CallProgram` belongs to one call context (solution.call_context), which fixes everything that the kernels'
 specialisation and the launcher's decisions depend on: the plan, the shapes, strides, dtypes and 16-byte alignment
 of the call's tensors, its stream and its scratch buffers. The first call of the context runs the launcher's code
-normally; every launch, event record and stream wait it makes goes through the program, which records it with the
-compiled kernel the JIT returned and notes which arguments are the call's own tensors (or descriptors over them).
-Later calls replay that list with the call's tensors put in: on the GPU as one C program (native.py, replay.c),
-which writes each call's addresses into the recorded parameters and calls the driver directly; where that program
-cannot be built, each launch hands its recorded arguments to the compiled kernel's launcher from Python. A launch whose
-arguments include a view of one of the call's tensors (a new object each call, which the program could not
-substitute) leaves the program unrecorded, and every call then runs the launcher's code. Under Triton's CPU
-interpreter, which returns no compiled kernel, the same holds.
+normally; every launch, event record and stream wait it makes goes through the program, which records it: a launch
+as the compiled kernel's parameters in bytes, with the positions that take the call's own tensors (or descriptors
+over them; native.py). Later calls replay that list with the call's tensors put in, as one C program (replay.c) that
+writes each call's addresses into the recorded parameters and calls the driver directly. Where the program cannot be
+recorded or built, every call of the context runs the launcher's code: under Triton's CPU interpreter (which returns
+no compiled kernel), for a launch whose arguments include a view of one of the call's tensors (a new object each
+call, which the program could not put in), and, with a warning, for parameters the replay cannot write or where
+replay.c does not build.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .native import NativeLaunch, NativeProgram, Unsupported, describe_launch
-
-
-@dataclass
-class _Launch:
-    compiled: Any  # the CompiledKernel
-    grid: tuple[int, int, int]
-    stream: int  # the raw CUDA stream
-    values: list[Any]  # every parameter, constexprs included, in order, as the first call passed them
-    tensors: list[tuple[int, int]]  # (parameter position, index of the call's tensor) to put in
-    descriptors: list[tuple[Any, int]]  # (descriptor, index of the call's tensor that is its base)
-    native: NativeLaunch | None = None  # the launch as the native replay takes it, where it can be described
-
-    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        """Launch through the compiled kernel's launcher (the Python replay)."""
-        values = self.values.copy()
-        for position, index in self.tensors:
-            values[position] = call_tensors[index]
-        for descriptor, index in self.descriptors:
-            descriptor.base = call_tensors[index]
-        c = self.compiled
-        c.run(*self.grid, self.stream, c.function, c.packed_metadata, None, None, None, *values)
-        self.release()
-
-    def release(self) -> None:
-        """Let go of the call's tensors, which the program must not keep alive between calls."""
-        for descriptor, _ in self.descriptors:
-            descriptor.base = None
-
-
-@dataclass
-class _Record:
-    event: torch.cuda.Event
-    stream: torch.cuda.Stream
-
-    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        self.event.record(self.stream)
-
-
-@dataclass
-class _Wait:
-    stream: torch.cuda.Stream
-    event: torch.cuda.Event
-
-    def __call__(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        self.stream.wait_event(self.event)
+from .native import NativeProgram, Unsupported, describe_launch
 
 
 def _parameters(kernel: Any) -> tuple[list[str], dict[str, Any]]:
@@ -85,56 +40,45 @@ class CallProgram:
     """The launches, event records and stream waits of one call context's calls (see the module's docstring)."""
 
     def __init__(self) -> None:
-        self.operations: list[_Launch | _Record | _Wait] = []
-        self.recorded = False  # the first call ended and every operation could be recorded
-        self.native: NativeProgram | None = None  # the recorded operations as one C program, where it could be built
+        # ("launch", NativeLaunch), ("record", (event, stream)) and ("wait", (stream, event)) in the order of the first
+        # call; the events and streams are kept alive here while the program replays them by handle.
+        self.operations: list[tuple[str, Any]] = []
+        self.native: NativeProgram | None = None  # the recorded operations as one C program, once built
         # Recording starts with a call's begin, not before: launches of a context's kernels outside a call (a test or a
         # sweep driving single stages) are never kept, and stops at the first call's end or at an operation it cannot
         # record.
         self._may_record = True
         self._recording = False
         self._tensors: Sequence[torch.Tensor] = ()
-        self._storages: dict[int, int] = {}
+        self._storages: set[int] = set()
 
     def begin(self, call_tensors: Sequence[torch.Tensor]) -> None:
         """Start a call that runs the launcher's code: the first one to end records (a call that raised leaves
         nothing behind), later ones (only where recording failed) just launch."""
-        self._tensors = call_tensors
         self._recording = self._may_record
         if self._recording:
             self.operations.clear()
-            self._storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(call_tensors)}
+            self._tensors = call_tensors
+            self._storages = {t.untyped_storage().data_ptr() for t in call_tensors}
 
     def end(self) -> None:
-        """The call's operations are all issued: a complete recording can replay from now on."""
+        """The call's operations are all issued: a complete recording is built into the C program that replays the
+        later calls. The program keeps none of the call's tensors."""
         if self._recording:
-            self.recorded = all(not isinstance(op, _Launch) or op.compiled is not None for op in self.operations)
             self._recording = self._may_record = False
-            if not self.recorded:
-                self.operations.clear()
-            self.native = self._native_program()
-            for operation in self.operations:
-                if isinstance(operation, _Launch):
-                    operation.release()
+            handles = [
+                (kind, operation) if kind == "launch"
+                else (kind, (operation[0].cuda_event, operation[1].cuda_stream)) if kind == "record"
+                else (kind, (operation[0].cuda_stream, operation[1].cuda_event))
+                for kind, operation in self.operations
+            ]  # fmt: skip
+            self.native = NativeProgram.build(handles, self._tensors)
+        self._tensors, self._storages = (), set()
 
-    def replay(self, call_tensors: Sequence[torch.Tensor]) -> None:
-        if self.native is not None and self.native(call_tensors):
-            return
-        for operation in self.operations:
-            operation(call_tensors)
-
-    def _native_program(self) -> NativeProgram | None:
-        if not self.recorded or any(isinstance(op, _Launch) and op.native is None for op in self.operations):
-            return None
-        return NativeProgram.build(
-            [
-                ("launch", op.native) if isinstance(op, _Launch)
-                else ("record", (op.event.cuda_event, op.stream.cuda_stream)) if isinstance(op, _Record)
-                else ("wait", (op.stream.cuda_stream, op.event.cuda_event))
-                for op in self.operations
-            ],
-            self._tensors,
-        )  # fmt: skip
+    def _stop(self) -> None:
+        """Give up recording: every call of the context runs the launcher's code."""
+        self._recording = self._may_record = False
+        self.operations.clear()
 
     def launch(
         self, kernel: Any, grid: Sequence[int], stream: torch.cuda.Stream | None, caller: Any, *args: Any, **kwargs: Any
@@ -146,44 +90,38 @@ class CallProgram:
         if not self._recording:
             return
         if getattr(compiled, "function", None) is None:  # Triton's interpreter: nothing to replay
-            self._recording = self._may_record = False
-            self.operations.clear()
+            self._stop()
             return
         names, defaults = _parameters(kernel)
         values = [*args, *(kwargs[name] if name in kwargs else defaults[name] for name in names[len(args) :])]
-        grid3 = (*grid, *(1,) * (3 - len(grid)))
-        launch = _Launch(compiled, grid3, (stream or caller).cuda_stream, values, [], [])
-        for position, value in enumerate(values):
-            if isinstance(value, torch.Tensor):
-                self._note(value, lambda index, p=position: launch.tensors.append((p, index)))
-            elif hasattr(value, "base") and isinstance(value.base, torch.Tensor):  # a tensor descriptor
-                self._note(value.base, lambda index, d=value: launch.descriptors.append((d, index)))
-        if not self._recording:  # an argument could not be recorded
+        if any(self._view_of_a_call_tensor(value) for value in values):
+            self._stop()
             return
+        grid3 = (*grid, *(1,) * (3 - len(grid)))
         try:
-            launch.native = describe_launch(compiled, grid3, launch.stream, values, self._tensors)
-        except Unsupported:
-            launch.native = None
-        for position, _ in launch.tensors:
-            launch.values[position] = None
-        self.operations.append(launch)
+            described = describe_launch(compiled, grid3, (stream or caller).cuda_stream, values, self._tensors)
+        except Unsupported as error:
+            warnings.warn(f"triton_fused issues every call of this shape from Python: {error}", stacklevel=2)
+            self._stop()
+            return
+        self.operations.append(("launch", described))
 
-    def _note(self, tensor: torch.Tensor, substitute: Any) -> None:
-        """An argument that is one of the call's tensors is put in on replay; one that is a view of one cannot be, and
-        stops the recording; any other (the context's scratch) stays as recorded."""
-        index = next((i for i, t in enumerate(self._tensors) if t is tensor), None)
-        if index is not None:
-            substitute(index)
-        elif tensor.untyped_storage().data_ptr() in self._storages:
-            self._recording = self._may_record = False
-            self.operations.clear()
+    def _view_of_a_call_tensor(self, value: Any) -> bool:
+        """An argument (or a descriptor's base) that shares a call tensor's memory without being that tensor: the
+        program puts in the call's tensors themselves, and anything else stays as recorded (the context's scratch)."""
+        tensor = value if isinstance(value, torch.Tensor) else getattr(value, "base", None)
+        return (
+            isinstance(tensor, torch.Tensor)
+            and all(tensor is not t for t in self._tensors)
+            and tensor.untyped_storage().data_ptr() in self._storages
+        )
 
     def record(self, event: torch.cuda.Event, stream: torch.cuda.Stream) -> None:
         event.record(stream)
         if self._recording:
-            self.operations.append(_Record(event, stream))
+            self.operations.append(("record", (event, stream)))
 
     def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
         stream.wait_event(event)
         if self._recording:
-            self.operations.append(_Wait(stream, event))
+            self.operations.append(("wait", (stream, event)))

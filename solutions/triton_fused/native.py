@@ -6,7 +6,7 @@ Here each launch is described once, at recording, as the kernel's parameters in 
 launcher's signature with every tensor descriptor expanded, constexprs left out, two scratch pointers at the end),
 with the positions that take the call's tensors; replay.c then writes each call's addresses in and calls the driver
 directly. The layout is checked against the kernel's own (cuFuncGetParamInfo) when the program is built; a launcher
-of another shape (another Triton) or parameters this cannot write leave the program to the Python replay.
+of another shape (another Triton) or parameters this cannot write leave the calls to the launcher's code (launch.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def layout(tensor: torch.Tensor) -> tuple:
 
 
 class Unsupported(Exception):
-    """A launch whose parameters the native replay cannot write (the Python replay takes it)."""
+    """A launch whose parameters the native replay cannot write (the context's calls then run the launcher's code)."""
 
 
 @dataclass
@@ -148,7 +148,7 @@ def _descriptor_handling(run: Any) -> tuple[set[int], list, Callable | None]:
 @functools.cache
 def _compiled_module() -> Any | None:
     """replay.c, compiled once per machine by Triton's own tool for its launchers (and kept in Triton's cache); None,
-    with a warning, where it cannot be (the Python replay then serves)."""
+    with a warning, where it cannot be (every call then runs the launcher's code)."""
     try:
         from triton.backends.nvidia import driver
         from triton.runtime.build import compile_module_from_src
@@ -160,9 +160,9 @@ def _compiled_module() -> Any | None:
             include_dirs=driver.include_dirs,
             libraries=driver.libraries,
         )
-    # no C compiler, no libcuda, a compiler error: the slower, equivalent Python replay serves
+    # no C compiler, no libcuda, a compiler error: slower calls, the same work
     except (ImportError, OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as error:
-        warnings.warn(f"triton_fused replays its launches from Python: replay.c did not build ({error})", stacklevel=2)
+        warnings.warn(f"triton_fused issues every call from Python: replay.c did not build ({error})", stacklevel=2)
         return None
 
 
@@ -190,7 +190,7 @@ class NativeProgram:
                 else:
                     getattr(module, kind)(program, *operation)
         except (TypeError, ValueError, RuntimeError) as error:
-            warnings.warn(f"triton_fused replays its launches from Python: {error}", stacklevel=2)
+            warnings.warn(f"triton_fused issues every call of this shape from Python: {error}", stacklevel=2)
             return None
         return cls(module, program)
 

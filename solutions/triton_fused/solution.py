@@ -1,6 +1,6 @@
 """Launcher of the fused Triton backward: scratch buffers, tensor descriptors, and the launches of each bucket's plan
-(plan.py) on two streams, recorded on a call context's first call and replayed on later ones (launch.py; on the GPU
-by a small C program, native.py and replay.c).
+(plan.py) on two streams, recorded on a call context's first call and replayed on later ones by a small C program
+(launch.py, native.py and replay.c).
 
 The kernels: kernels.py (Triton: the per-token kernels, dh, the weight gradients, dx) and the warp-specialised Gluon
 kernels of dh (dh_warp_specialized.py), the weight gradients (weight_grad_warp_specialized.py), dx (dx_warp_specialized.py
@@ -181,9 +181,11 @@ class Problem:
         self.issuing = None
 
     def end(self) -> None:
-        """The launcher's code has issued the call: let go of its tensors."""
+        """The launcher's code has issued the call: let go of its tensors (the descriptors' bases included)."""
         self.program.end()
         self.inputs = self.outputs = {}
+        for descriptor in self._descriptors:
+            descriptor.base = None
 
     def launch(self, kernel: object, grid: tuple[int, ...], *args: object, **kwargs: object) -> None:
         self.program.launch(kernel, grid, self.issuing, self.caller, *args, **kwargs)
@@ -571,9 +573,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if last is not None and last.program.native(tensors):
         return
     p = call_context(tensors, plan, precise_dtype, stream_key)
-    if p.program.recorded:
-        p.program.replay(tensors)
-    else:
+    if p.program.native is None or not p.program.native(tensors):
         p.begin(tensors)
         _issue(p, plan)
         p.end()
