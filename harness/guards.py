@@ -6,7 +6,8 @@
 - An output that shares memory with an input fails.
 - Process-wide numeric settings (TF32 flags, default dtype, ...) are recorded before and compared
   after: a solution that passes only by changing them (and thereby the reference) is caught.
-- Timing, synchronisation and harness functions are compared by identity after every call (patching).
+- Timing, synchronisation and harness functions, and the methods of the harness's classes, are compared by identity
+  after every call (patching), and once more after each workload by a check taken before the solution was imported.
 - After a call returns, no thread may still run the solution's code, and every output must be a plain
   torch.Tensor (a subclass can compute lazily, when the checker reads it).
 """
@@ -14,14 +15,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from inspect import getattr_static  # bound here: a solution that replaces inspect's cannot hide a method from the check
 from pathlib import Path
 
+import pydantic
 import torch
 
 
@@ -129,8 +133,9 @@ def changed_settings(before: dict[str, object]) -> list[str]:
     return [name for name, value in before.items() if after[name] != value]
 
 
-# Functions whose identity is checked after every call: timing and synchronisation (a solution that
-# patches them could fake its time) and every function of the harness itself (its checks).
+# Functions whose identity is checked after every call: timing and synchronisation (a solution that patches them could
+# fake its time), what carries a worker's result to the parent (json, pydantic), and every function of the harness and
+# the reference with every method of their classes (their checks).
 _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (time, ("perf_counter", "perf_counter_ns", "time", "monotonic")),
     (torch.cuda, ("synchronize", "Event", "Stream", "current_stream", "_sleep")),
@@ -138,33 +143,87 @@ _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (torch.cuda.Stream, ("synchronize", "wait_stream", "wait_event", "record_event")),
     (torch, ("equal", "isnan", "isinf", "isfinite")),
     (torch.Tensor, ("copy_", "fill_", "clone", "float", "view", "abs", "max", "mean", "__sub__", "__le__")),
+    (json, ("dumps", "loads")),
+    (pydantic.BaseModel, ("model_dump_json", "model_dump", "model_validate", "__setattr__")),
 )
 _WATCHED_PACKAGES = ("harness", "reference")
 
 
-def watched_functions() -> dict[str, tuple[object, str, object]]:
-    """name -> (owner, attribute, current object) for every watched function."""
-    watched: dict[str, tuple[object, str, object]] = {}
+def _function(member: object) -> object:
+    """The Python function behind a member (a method's, a property's getter), or the member itself."""
+    return getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+
+
+def _identity(member: object) -> tuple:
+    """A member and its function's code and defaults: replacing the member, or its function's code in place, shows."""
+    function = _function(member)
+    return (member, *(getattr(function, name, None) for name in ("__code__", "__defaults__", "__kwdefaults__")))
+
+
+def _member(owner: object, attribute: str) -> object:
+    """What a module holds under a name, or what a class resolves it to without binding it (a class method read
+    through getattr is a new object each time)."""
+    return getattr_static(owner, attribute, None) if isinstance(owner, type) else getattr(owner, attribute, None)
+
+
+def _restore(owner: object, attribute: str, identity: tuple) -> None:
+    setattr(owner, attribute, identity[0])
+    if identity[1] is not None:  # a Python function: its code and defaults too
+        function = _function(identity[0])
+        function.__code__, function.__defaults__, function.__kwdefaults__ = identity[1:]
+
+
+def _methods(cls: type) -> dict[str, object]:
+    """A class's own callable members (functions, static and class methods, properties), as its __dict__ holds them."""
+    return {
+        name: member
+        for name, member in vars(cls).items()
+        if isinstance(member, (staticmethod, classmethod, property)) or (callable(member) and not isinstance(member, type))
+    }
+
+
+def patch_check() -> Callable[[], list[str]]:
+    """Snapshot the watched functions now, and return the check against the snapshot: the names of those replaced
+    since (a module's or a class's attribute, a function's code swapped in place, a method added to a class of the
+    harness over an inherited one), each put back.
+
+    Take it before a solution is imported. The check holds what it uses in its closure, so a solution that replaces
+    functions of the harness, this module's included, cannot change what it does; code that replaces Python's
+    builtins, reaches into the closure or walks the interpreter's frames can, which is the limit of checks inside the
+    solution's process (harness.isolation).
+    """
+    watched: dict[str, tuple[object, str, tuple]] = {}  # name -> (owner, attribute, identity)
     for owner, names in _WATCHED_ATTRIBUTES:
         for name in names:
             if hasattr(owner, name):
-                watched[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, getattr(owner, name))
+                watched[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, _identity(_member(owner, name)))
+    classes: dict[type, frozenset[str]] = {}
     for module_name, module in list(sys.modules.items()):
         if module is None or module_name.split(".")[0] not in _WATCHED_PACKAGES:
             continue
         for name, value in list(vars(module).items()):
             if callable(value) and not name.startswith("__"):
-                watched[f"{module_name}.{name}"] = (module, name, value)
-    return watched
+                watched[f"{module_name}.{name}"] = (module, name, _identity(value))
+            if isinstance(value, type) and value.__module__ == module_name:
+                methods = _methods(value)
+                classes[value] = frozenset(methods)
+                for attribute, member in methods.items():
+                    watched[f"{module_name}.{name}.{attribute}"] = (value, attribute, _identity(member))
+    member_of, identity, restore, methods_of = _member, _identity, _restore, _methods
 
+    def replaced() -> list[str]:
+        found = []
+        for name, (owner, attribute, before) in watched.items():
+            now = identity(member_of(owner, attribute))
+            if any(a is not b for a, b in zip(now, before)):
+                found.append(name)
+                restore(owner, attribute, before)
+        for cls, names in classes.items():
+            for added in sorted(methods_of(cls).keys() - names):
+                found.append(f"{cls.__module__}.{cls.__qualname__}.{added} (added)")
+                delattr(cls, added)
+        return found
 
-def patched_functions(before: dict[str, tuple[object, str, object]]) -> list[str]:
-    """Names of watched functions replaced since `before`; the originals are put back."""
-    replaced = []
-    for name, (owner, attribute, original) in before.items():
-        if getattr(owner, attribute, None) is not original:
-            replaced.append(name)
-            setattr(owner, attribute, original)
     return replaced
 
 
@@ -190,14 +249,15 @@ def threads_running_code_in(folder: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class Pristine:
-    """The numeric settings and watched functions as they were before a solution was imported."""
+    """The numeric settings as they were before a solution was imported, and the check of the watched functions
+    against that moment (patch_check)."""
 
     settings: dict[str, object]
-    functions: dict[str, tuple[object, str, object]]
+    patched: Callable[[], list[str]]
 
     @classmethod
     def now(cls) -> Pristine:
-        return cls(numeric_settings(), watched_functions())
+        return cls(numeric_settings(), patch_check())
 
 
 def not_plain_tensors(outputs: Sequence[object]) -> list[str]:

@@ -12,7 +12,9 @@ takes the remaining workloads. The parent re-derives the roofline verdicts from 
 What this does not stop: code running inside the worker can, in principle, read the worker's memory
 (the nonce included) and write to its pipe. The nonce turns forging a result from printing a line into
 searching the interpreter's objects; the checks that matter (poisoned outputs, input snapshots, the
-reference comparison) run in the worker before any result is sent.
+reference comparison) run in the worker before any result is sent, and a solution that replaces functions or methods
+of the harness, its checks included, is caught after the workload by a check the worker took before loading it
+(harness.guards.patch_check).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness import guards
 from harness.isolation import RunPlan, Worker
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
 from harness.runner import Baseline, Scorer
@@ -168,9 +169,13 @@ def merge(plan: RunPlan, collected: Collected) -> dict[str, BenchResult]:
 def run_one_job(setup: dict, uuid: str) -> str:
     """One job in the calling process (a Ray task's): the solution loaded, the workload measured, the summary with its
     one result as JSON."""
+    patched = guards.patch_check()  # before the solution is loaded: the backstop after the workload
     suite, bench = bench_from_setup(setup)
     workload = next(w for w in suite.workloads if w.uuid == uuid)
     result = bench.workload(suite, workload)
+    replaced = patched()
+    if replaced:
+        result = bench.mark_patched(result, replaced)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "") if setup["device"] == "cuda" else ""
     result.device_index = int(visible.split(",")[0]) if visible.split(",")[0].isdigit() else None  # Ray's GPU for the task
     return bench.finish(suite, [result]).model_dump_json()

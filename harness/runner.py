@@ -275,7 +275,7 @@ def check_call(
     holds the answer.
     """
     snapshot = guards.snapshot(inputs)
-    settings, watched = pristine.settings, pristine.functions
+    settings = pristine.settings
     events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if device.type == "cuda" else None
 
     def verdict(status: Status, message: str) -> tuple[TrialReport, list[object]]:
@@ -291,7 +291,7 @@ def check_call(
             events[1].record()
         still_running = guards.threads_running_code_in(call.folder)
         late_ms, own_ms = _late_gpu_work_ms(*events) if events else (0.0, 0.0)
-        return produced, still_running, late_ms, own_ms, guards.patched_functions(watched)
+        return produced, still_running, late_ms, own_ms, pristine.patched()
 
     def late(late_ms: float, own_ms: float) -> bool:
         return late_ms > max(LATE_WORK_MIN_MS, LATE_WORK_SHARE * own_ms)
@@ -304,7 +304,7 @@ def check_call(
             if late(late_ms, own_ms):
                 late_work.confirm()
     except Exception as exc:  # noqa: BLE001 - a solution's failure of any kind is a result, not a crash of the harness
-        guards.patched_functions(watched)
+        pristine.patched()
         guards.restore_numeric_settings(settings)
         return verdict(Status.RUNTIME_ERROR, _describe_exception(exc))
 
@@ -492,6 +492,14 @@ class Bench:
             ):
                 self._tainted = result.message
         self._busy_seconds += time.perf_counter() - started
+        return self.scorer.rescore(result)
+
+    def mark_patched(self, result: WorkloadResult, replaced: list[str]) -> WorkloadResult:
+        """The verdict of the backstop that follows every workload (run_side_by_side, harness.worker): the check taken
+        before the solution was loaded found functions it replaced, which every check of the workload may have run
+        through, and put them back. REWARD_HACK, and the solution stays marked for the rest of the run."""
+        result.status, result.message = Status.REWARD_HACK, f"{PATCHED_FUNCTIONS}: {', '.join(replaced)}"
+        self._tainted = result.message
         return self.scorer.rescore(result)
 
     def finish(self, suite: Suite, results: list[WorkloadResult]) -> BenchResult:
@@ -800,16 +808,21 @@ def run_side_by_side(
     """Run several solutions in one process, interleaved per workload, so that clock drift hits all alike.
 
     The baseline solution, if present, runs first on each workload and its latency becomes the others'
-    T_b for that workload at once.
+    T_b for that workload at once. After each workload the backstop: the check of the watched functions taken before
+    any solution is loaded, held here where no solution can replace it (guards.patch_check).
     """
     by_name = {bench.solution.name: bench for bench in benches}
     ordered = [by_name[name] for name in baseline_first(by_name)]
+    patched = guards.patch_check()
     for bench in ordered:
         bench.start()
     results: dict[str, list[WorkloadResult]] = {bench.solution.name: [] for bench in ordered}
     for workload in workloads:
         for bench in ordered:
             result = bench.workload(suite, workload)
+            replaced = patched()
+            if replaced:
+                result = bench.mark_patched(result, replaced)
             results[bench.solution.name].append(result)
             if bench.solution.name == BASELINE_SOLUTION and result.latency_us is not None:
                 for other in ordered:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from harness import guards
 from harness.registry import get_solution
 from harness.runner import Baseline, Bench, BenchOptions
 from harness.timing import TimingConfig
@@ -55,6 +56,7 @@ def main(command_fd: int, result_fd: int) -> int:
         results.write(json.dumps({"nonce": nonce, **message}) + "\n")
         results.flush()
 
+    patched = guards.patch_check()  # before the solution is loaded: the backstop after each workload
     try:
         suite, bench = bench_from_setup(setup)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which marks the workloads
@@ -70,7 +72,11 @@ def main(command_fd: int, result_fd: int) -> int:
         workload = by_uuid[command["workload"]]
         if command.get("baseline") is not None:
             bench.baseline[workload.uuid] = Baseline(**command["baseline"])
-        send({"result": json.loads(bench.workload(suite, workload).model_dump_json())})
+        result = bench.workload(suite, workload)
+        replaced = patched()
+        if replaced:
+            result = bench.mark_patched(result, replaced)
+        send({"result": json.loads(result.model_dump_json())})
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import runner
+from harness import guards, runner
 from harness.correctness import check_output
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions, LateWorkWatch, check_call
@@ -77,6 +77,24 @@ def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
         assert len(workload.trials) == 2
     else:
         assert workload.message
+
+
+@pytest.mark.parametrize(
+    ("patch", "reported"),
+    [
+        ("harness.runner.Bench._verify_timed_outputs = lambda self, *args: None", "harness.runner.Bench._verify_timed_outputs"),
+        ("harness.correctness.check_output.__code__ = (lambda *args: None).__code__", "harness.correctness.check_output"),
+        ("harness.results.WorkloadResult.model_dump_json = lambda self, **kw: '{}'", "WorkloadResult.model_dump_json (added)"),
+    ],
+    ids=["a method", "a function's code", "a method over an inherited one"],
+)
+def test_a_replaced_harness_function_or_method_is_caught_and_put_back(make_solution, patch: str, reported: str) -> None:
+    sabotage = f"    import harness.correctness, harness.results, harness.runner\n    {patch}"
+    root = make_solution("patches", TEMPLATE.format(sabotage=sabotage))
+    untouched = guards.patch_check()
+    workload = bench(root, "patches").run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is Status.REWARD_HACK and reported in workload.message, workload.message
+    assert untouched() == []  # every replacement was put back
 
 
 RETURNING = """
