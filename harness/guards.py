@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
+import secrets
 import sys
 import threading
 import time
@@ -144,6 +146,8 @@ _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (torch, ("equal", "isnan", "isinf", "isfinite")),
     (torch.Tensor, ("copy_", "fill_", "clone", "float", "view", "abs", "max", "mean", "__sub__", "__le__")),
     (json, ("dumps", "loads")),
+    (secrets, ("randbits", "SystemRandom")),  # the timed calls' seeds and the sample of them verified in full
+    (random.SystemRandom, ("randrange", "getrandbits", "random")),
     (pydantic.BaseModel, ("model_dump_json", "model_dump", "model_validate", "__setattr__")),
 )
 _WATCHED_PACKAGES = ("harness", "reference")

@@ -3,7 +3,9 @@
 Every trial and every device-time call goes to one of a few input sets (the same addresses each time), redrawn
 in place from a new seed just before the call, with outputs poisoned: trials and timed calls look alike, and a
 solution that caches outputs by address or by a sample of the contents replays stale outputs. Call-latency
-calls each get inputs and outputs at addresses of their own (timing.FreshAddresses), drawn the same way.
+calls each get inputs and outputs at addresses of their own (timing.FreshAddresses), drawn the same way. The trials'
+seeds are reproducible; the timed calls' come from the operating system's entropy, so that no solution can work out
+a timed call's inputs, and compute its outputs, ahead of the call.
 
 One trial: draw inputs, compute the float32 reference under strict settings, snapshot the inputs, the
 process-wide numeric settings and the watched functions, call the solution, then check (in this order)
@@ -88,9 +90,15 @@ class Baseline:
 
 
 def trial_seed(base_seed: int, workload_index: int, trial: int) -> int:
-    """Distinct, reproducible seeds: one per (workload, trial); timing sets use trial numbers past the trials
-    and the trials that may be added to confirm late GPU work."""
+    """Distinct, reproducible seeds: one per (workload, trial)."""
     return base_seed * 1_000_003 + workload_index * 1_009 + trial
+
+
+def unpredictable_seeds() -> Iterator[int]:
+    """The seeds of timed calls: drawn from the operating system's entropy as each call is prepared (a check that
+    fails quotes its call's seed)."""
+    while True:
+        yield secrets.randbits(62)
 
 
 def _describe_exception(exc: BaseException) -> str:
@@ -573,14 +581,13 @@ class Bench:
         result = self._base(workload, index, status, f"trial seed {failing.seed}: {failing.message}" if failing else "")
         result.trials = trials
         if status in (Status.PASSED, Status.INCORRECT_NUMERICAL):
-            self._time(call, workload, index, pool, output_pool, result)
+            self._time(call, workload, pool, output_pool, result)
         return result
 
     def _time(
         self,
         call: SolutionCaller,
         workload: Workload,
-        index: int,
         pool: list[dict[str, torch.Tensor]],
         output_pool: list[list[torch.Tensor]],
         result: WorkloadResult,
@@ -588,7 +595,7 @@ class Bench:
         """Device time over the input sets, call latency and host cost at fresh addresses, then the checks of the
         timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph timing and
         kernel profile last."""
-        seeds = (trial_seed(self.options.seed, index, n) for n in range(self.options.trials + LATE_WORK_RECHECKS, 1 << 62))
+        seeds = unpredictable_seeds()
         device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
         try:
             result.device_time, on_sets = self._time_device(call, workload.dims, pool, output_pool, seeds, device_checks)
