@@ -503,9 +503,12 @@ class Bench:
         return self.scorer.rescore(result)
 
     def mark_patched(self, result: WorkloadResult, replaced: list[str]) -> WorkloadResult:
-        """The verdict of the backstop that follows every workload (run_side_by_side, harness.worker): the check taken
-        before the solution was loaded found functions it replaced, which every check of the workload may have run
-        through, and put them back. REWARD_HACK, and the solution stays marked for the rest of the run."""
+        """The verdict of the backstop that follows every workload (run_side_by_side, harness.worker, the Ray task):
+        `replaced` is what the check taken before the solution was loaded found (and put back), functions every check of
+        the workload may have run through. Where it found any: REWARD_HACK, and the solution stays marked for the rest
+        of the run."""
+        if not replaced:
+            return result
         result.status, result.message = Status.REWARD_HACK, f"{PATCHED_FUNCTIONS}: {', '.join(replaced)}"
         self._tainted = result.message
         return self.scorer.rescore(result)
@@ -827,9 +830,8 @@ def run_side_by_side(
     for workload in workloads:
         for bench in ordered:
             result = bench.workload(suite, workload)
-            replaced = patched()
-            if replaced:
-                result = bench.mark_patched(result, replaced)
+            replaced = patched()  # before any harness code is looked up again: it puts back what was replaced
+            result = bench.mark_patched(result, replaced)
             results[bench.solution.name].append(result)
             if bench.solution.name == BASELINE_SOLUTION and result.latency_us is not None:
                 for other in ordered:
