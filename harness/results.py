@@ -42,6 +42,17 @@ def t95(degrees_of_freedom: int) -> float:
     return _T95[degrees_of_freedom - 1] if degrees_of_freedom <= len(_T95) else 1.96
 
 
+class LateWork(BaseModel):
+    """GPU work that ran after timed calls had returned, on streams their end events did not wait for; harness.timing
+    charges it to their times. Measured per call (per batch of calls for the device time): the host's wait for the
+    device to go idle once the call's stream was done, less the same wait on an idle device."""
+
+    measured: int = Field(description="calls (for the device time: batches) measured")
+    late: int = Field(description="how many of them were charged more than timing.LATE_WORK_NOISE_US")
+    mean_us: float = Field(description="mean charge per measurement")
+    max_us: float
+
+
 class TimingStats(BaseModel):
     clock: Literal["cuda_events", "cpu_wall", "host_wall"]
     mean_us: float
@@ -55,9 +66,12 @@ class TimingStats(BaseModel):
     rel_stderr: float
     warmup_calls: int
     input_sets: int = Field(description="distinct input sets the calls rotated over; 0: every call had fresh addresses")
+    late_work: LateWork | None = Field(default=None, description="charged to the samples; None where not measured")
 
     @classmethod
-    def from_samples(cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int) -> TimingStats:
+    def from_samples(
+        cls, samples_us: list[float], clock: str, warmup_calls: int, input_sets: int, late_work: LateWork | None = None
+    ) -> TimingStats:
         n = len(samples_us)
         mean = statistics.fmean(samples_us)
         std = statistics.stdev(samples_us) if n > 1 else 0.0
@@ -76,6 +90,7 @@ class TimingStats(BaseModel):
             rel_stderr=stderr / mean if mean > 0 else 0.0,
             warmup_calls=warmup_calls,
             input_sets=input_sets,
+            late_work=late_work,
         )
 
 

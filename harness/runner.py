@@ -58,6 +58,7 @@ from harness.timing import (
     TimingConfig,
     TimingStats,
     capture_graph,
+    device_wait_after,
     time_call_latency,
     time_device,
     time_launch_floor,
@@ -155,6 +156,10 @@ LATE_WORK_MIN_MS = 0.5
 # sighting may have been the only one the trials could see (a first call's host time masks late work, and
 # a solution may leave work behind on alternate calls only; seen on the H200 with 3 trials).
 LATE_WORK_RECHECKS = 2
+# The timers charge late work to the times they report (harness.timing); where a timing saw it on at least this
+# share of its measurements, and on two at least, the solution leaves work behind as a habit: REWARD_HACK. A single
+# sighting can be the host's thread descheduled.
+LATE_WORK_TIMED_SHARE = 0.1
 # Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
 # they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
 # set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
@@ -166,20 +171,14 @@ PATCHED_FUNCTIONS = "replaced timing, synchronisation or harness functions"
 CHANGED_SETTINGS = "changed process-wide settings"
 
 
-# Taken when the harness is imported, before any solution is: a solution that replaces them is caught
-# after the call, and this measurement, made before that check, must not use its replacements.
-_clock = time.perf_counter
-_device_synchronize = torch.cuda.synchronize
-_event_synchronize = torch.cuda.Event.synchronize
+# Taken when the harness is imported, before any solution is: a solution that replaces it is caught after the
+# call, and this measurement, made before that check, must not use its replacement.
 _event_elapsed_ms = torch.cuda.Event.elapsed_time
 
 
 def _late_gpu_work_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> tuple[float, float]:
     """(ms the device still worked after the call's stream finished; ms between start and end on that stream)."""
-    _event_synchronize(end)
-    waited = _clock()
-    _device_synchronize()
-    return (_clock() - waited) * 1e3, _event_elapsed_ms(start, end)
+    return device_wait_after(end) / 1e3, _event_elapsed_ms(start, end)
 
 
 @dataclass
@@ -712,9 +711,13 @@ class Bench:
         last: list[TimedCall],
         result: WorkloadResult,
     ) -> None:
-        """After timing: no timed call left an output element unwritten (or NaN); the sampled calls' outputs and those
-        of the last call on each input set and at fresh addresses match the reference; those last calls' inputs are
-        unmodified."""
+        """After timing: no timing saw late work as a habit (LATE_WORK_TIMED_SHARE); no timed call left an output
+        element unwritten (or NaN); the sampled calls' outputs and those of the last call on each input set and at
+        fresh addresses match the reference; those last calls' inputs are unmodified."""
+        habit = late_work_habit(result)
+        if habit:
+            result.status, result.message = Status.REWARD_HACK, habit
+            return
         for name, checks in (("device-time", device_checks), ("call-latency", latency_checks)):
             poisoned = checks.poisoned_calls()
             if poisoned:
@@ -744,6 +747,16 @@ class Bench:
                         f"(numerically marginal, not counted as cheating): {detail}"
                     )
                 return
+
+
+def late_work_habit(result: WorkloadResult) -> str:
+    """What a timing found where it saw late work as a habit (LATE_WORK_TIMED_SHARE), or ""."""
+    for what, timing in (("device-time batches", result.device_time), ("call-latency calls", result.call_latency)):
+        late = timing.late_work if timing else None
+        if late and late.late >= max(2, LATE_WORK_TIMED_SHARE * late.measured):
+            return (f"GPU work ran after {late.late} of {late.measured} {what} had returned ({late.mean_us:.1f} us each "
+                    f"on average, up to {late.max_us:.1f}, charged to the timing): work left on another stream")  # fmt: skip
+    return ""
 
 
 def _redrawn_in_place(

@@ -9,6 +9,12 @@
   letting the host queue the batch first, so every call starts when its predecessor ends. Calls rotate over a
   few input sets. This is the kernels' own time, the figure to tune kernels by.
 
+Events time the caller's stream only. GPU work a call leaves on a stream its end event does not wait for (late
+work: its outputs are not ready when the caller's stream goes on) is charged to its time: once the end event has
+completed, the host times its wait for the whole device to go idle, less the same wait with the device idle just
+before the call (`device_wait_after`). The device time charges it per batch, spread over the batch's calls.
+The charge and how often it was more than noise are kept with the timing (results.LateWork).
+
 Before each call, outside the timed window, the caller's `prepare` redraws the call's inputs and poisons its
 outputs. After a warm-up, calls are taken in batches until the standard error of the mean is under
 `target_rel_stderr` of the mean, or a cap on calls or seconds is reached. On a CPU the same statistics come
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.results import TimingStats
+from harness.results import LateWork, TimingStats
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,41 @@ def _converged(samples: list[float], config: TimingConfig) -> bool:
     return statistics.stdev(samples) / math.sqrt(len(samples)) < config.target_rel_stderr * mean
 
 
-# Taken when the harness is imported, before any solution is, so that a solution replacing it cannot shorten a timing.
+# Taken when the harness is imported, before any solution is, so that a solution replacing them cannot shorten a
+# timing or hide late work.
+_clock = time.perf_counter
 _device_synchronize = torch.cuda.synchronize
+_event_synchronize = torch.cuda.Event.synchronize
+
+# A charge of late work above this is counted as a sighting (LateWork.late): the host's wait for an idle device
+# varies by a few microseconds between two measurements.
+LATE_WORK_NOISE_US = 20.0
+
+
+def device_wait_after(event: torch.cuda.Event) -> float:
+    """Microseconds the host waits for the whole device to go idle once `event` has completed: GPU work on streams
+    the event's stream did not wait for, plus the cost of the synchronisation itself."""
+    _event_synchronize(event)
+    waited = _clock()
+    _device_synchronize()
+    return (_clock() - waited) * 1e6
+
+
+def _idle_wait() -> float:
+    """device_wait_after on a device with nothing left to run: what an honest call's wait costs."""
+    done = torch.cuda.Event()
+    done.record()
+    return device_wait_after(done)
+
+
+def _late_work(charges_us: list[float]) -> LateWork:
+    return LateWork(
+        measured=len(charges_us),
+        late=sum(c > LATE_WORK_NOISE_US for c in charges_us),
+        mean_us=statistics.fmean(charges_us),
+        max_us=max(charges_us),
+    )
+
 
 # GPU cycles per second assumed when sizing the head start (the H200 runs at up to 1980 MHz); it only
 # needs to be long enough, not exact.
@@ -118,22 +157,24 @@ def time_call_latency(
     flush = L2Flusher(device) if device.type == "cuda" else None
     samples: list[float] = []
     host: list[float] = []
+    charges: list[float] = []
     started = time.perf_counter()
     i = 0
     while len(samples) < config.max_calls:
         prepare(i)
         if flush is not None:
             flush()
-            _device_synchronize(device)
+            idle = _idle_wait()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         issue = time.perf_counter()
         call(i)
         issued = time.perf_counter()
+        charge = 0.0
         if flush is not None:
             end.record()
-            _device_synchronize(device)
-            elapsed_us = start.elapsed_time(end) * 1e3
+            charge = max(0.0, device_wait_after(end) - idle)
+            elapsed_us = start.elapsed_time(end) * 1e3 + charge
         else:
             elapsed_us = (issued - issue) * 1e6
         after(i)
@@ -142,13 +183,16 @@ def time_call_latency(
             continue
         samples.append(elapsed_us)
         host.append((issued - issue) * 1e6)
+        charges.append(charge)
         if len(samples) % config.batch_calls == 0 and (
             _converged(samples, config) or time.perf_counter() - started > config.max_seconds
         ):
             break
     clock = "cuda_events" if flush is not None else "cpu_wall"
     return (
-        TimingStats.from_samples(samples, clock, config.warmup_calls, input_sets=0),
+        TimingStats.from_samples(
+            samples, clock, config.warmup_calls, input_sets=0, late_work=_late_work(charges) if flush else None
+        ),
         TimingStats.from_samples(host, "host_wall", config.warmup_calls, input_sets=0),
     )
 
@@ -217,6 +261,7 @@ def _time_cuda(
     head_start_cycles = int(max(1e-3, 1.5 * config.batch_calls * host_per_call) * SPIN_CYCLES_PER_SECOND)
 
     samples: list[float] = []
+    charges: list[float] = []
     started = time.perf_counter()
     k = 0
     while len(samples) < config.max_calls:
@@ -232,11 +277,15 @@ def _time_cuda(
             events.append((start, end))
             after(config.warmup_calls + k)
             k += 1
-        _device_synchronize(device)
-        samples.extend(start.elapsed_time(end) * 1e3 for start, end in events)
+        # The batch's end, the harness's checks queued behind its last call included: what the device still runs
+        # after it is late work.
+        batch_done = torch.cuda.Event()
+        batch_done.record()
+        charges.append(max(0.0, device_wait_after(batch_done) - _idle_wait()))
+        samples.extend(start.elapsed_time(end) * 1e3 + charges[-1] / len(events) for start, end in events)
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets)
+    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets, _late_work(charges))
 
 
 def _time_cpu(

@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from harness.registry import get_solution
-from harness.runner import Bench, BenchOptions
-from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_launch_floor
+from harness.results import LateWork, TimingStats
+from harness.runner import Bench, BenchOptions, late_work_habit
+from harness.timing import (
+    LATE_WORK_NOISE_US,
+    FreshAddresses,
+    TimingConfig,
+    time_call_latency,
+    time_device,
+    time_launch_floor,
+)
 from harness.workloads import load_named_suite
 
 SMOKE = load_named_suite("smoke")
@@ -108,3 +116,46 @@ def test_host_time_counts_in_call_latency_not_in_device_time(make_solution, tmp_
     assert workload.host.median_us >= 20_000
     assert workload.call_latency.mean_us >= workload.host.median_us
     assert workload.device_time.mean_us < 20_000 and "HOST_BOUND" in workload.flags
+
+
+def test_late_work_is_a_verdict_only_as_a_habit(make_solution, tmp_path: Path) -> None:
+    """Late work seen on one measurement may be the host descheduled, and is only charged; on two and at least a
+    tenth of them, it is the verdict, naming the timing."""
+    root = make_solution("recording", RECORDING)
+    bench = Bench(get_solution("recording", root), torch.device("cpu"), BenchOptions(trials=1, timing=FAST), tmp_path)
+    workload = bench.run(SMOKE, SMOKE.workloads[:1]).workloads[0]
+    assert workload.status.value == "PASSED" and late_work_habit(workload) == ""  # the CPU measures none
+
+    def timing(late: int, measured: int) -> TimingStats:
+        stats = TimingStats.from_samples([300.0, 310.0], "cuda_events", 3, 0)
+        stats.late_work = LateWork(measured=measured, late=late, mean_us=25.0, max_us=90.0)
+        return stats
+
+    workload.call_latency = timing(1, 10)
+    assert late_work_habit(workload) == ""
+    workload.call_latency = timing(2, 30)
+    assert late_work_habit(workload) == ""
+    workload.call_latency = timing(3, 30)
+    assert late_work_habit(workload).startswith("GPU work ran after 3 of 30 call-latency calls")
+    workload.call_latency, workload.device_time = timing(0, 30), timing(2, 3)
+    assert "2 of 3 device-time batches" in late_work_habit(workload)
+
+
+@pytest.mark.gpu
+def test_work_left_on_a_side_stream_is_charged_to_both_timings() -> None:
+    """A call that leaves about 200 us of GPU work on a stream its end event does not wait for, and runs nothing on
+    the caller's stream: both timers charge that work (per call, and per batch spread over its calls) and count it;
+    an empty call is charged no more than the noise."""
+    device, side = torch.device("cuda"), torch.cuda.Stream()
+
+    def deferring(i: int) -> None:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(400_000)
+
+    latency, _ = time_call_latency(deferring, lambda i: None, device, FAST)
+    assert latency.mean_us > 100 and latency.late_work.late == latency.late_work.measured == latency.n
+    device_time = time_device(deferring, lambda k: None, 1, device, FAST)
+    assert device_time.mean_us > 100 and device_time.late_work.late == device_time.late_work.measured > 0
+    empty, _ = time_call_latency(lambda i: None, lambda i: None, device, FAST)
+    assert empty.late_work.mean_us < LATE_WORK_NOISE_US and empty.mean_us < 100

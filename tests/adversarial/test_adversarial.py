@@ -109,12 +109,15 @@ def test_honest_solutions_see_no_false_positive_in_three_runs(tmp_path: Path) ->
 def test_adversaries_on_gpu(tmp_path: Path) -> None:
     """Every adversary, the side-stream ones too, on one public workload (T=64, B=256) on the GPU.
     side_stream_alternate leaves work behind on every other call only: a late-work sighting that a second
-    call does not confirm still counts when a later trial shows it again."""
+    call does not confirm still counts when a later trial shows it again. defers_timed_work leaves too little
+    behind for the trials' threshold, and only in timed calls: the call-latency timer sees it on every call."""
     names = [n for n in EXPECTED if n not in ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only")]
-    names += ["side_stream", "side_stream_alternate", "selected_rows_only"]
+    late = ["side_stream", "side_stream_alternate", "defers_timed_work"]
+    names += [*late, "selected_rows_only"]
     bench(tmp_path, ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     want = {name: EXPECTED[name][0] for name in names if name in EXPECTED}
-    want.update(side_stream="REWARD_HACK", side_stream_alternate="REWARD_HACK", selected_rows_only="INCORRECT_NUMERICAL")
+    want.update(dict.fromkeys(late, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL")
     got = {name: statuses(tmp_path, "nvidia-h200", name, partial=True)[0] for name in names}
     assert {name: w["status"] for name, w in got.items()} == want, {n: w["message"][:200] for n, w in got.items()}
-    assert "GPU work ran" in got["side_stream"]["message"] and "GPU work ran" in got["side_stream_alternate"]["message"]
+    assert all("GPU work ran" in got[name]["message"] for name in late)
+    assert "call-latency calls" in got["defers_timed_work"]["message"]
