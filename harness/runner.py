@@ -156,10 +156,11 @@ LATE_WORK_MIN_MS = 0.5
 # sighting may have been the only one the trials could see (a first call's host time masks late work, and
 # a solution may leave work behind on alternate calls only; seen on the H200 with 3 trials).
 LATE_WORK_RECHECKS = 2
-# The timers charge late work to the times they report (harness.timing); where a timing saw it on at least this
-# share of its measurements, and on two at least, the solution leaves work behind as a habit: REWARD_HACK. A single
-# sighting can be the host's thread descheduled.
-LATE_WORK_TIMED_SHARE = 0.1
+# The timers charge late work beyond a noise allowance to the times they report (harness.timing); where a timing
+# charged it on at least this share of its measurements, and on LATE_WORK_TIMED_MIN at least, the solution leaves
+# work behind as a habit: REWARD_HACK. Fewer sightings can be the host's thread descheduled, and are only charged.
+LATE_WORK_TIMED_SHARE = 0.5
+LATE_WORK_TIMED_MIN = 3
 # Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
 # they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
 # set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
@@ -753,7 +754,7 @@ def late_work_habit(result: WorkloadResult) -> str:
     """What a timing found where it saw late work as a habit (LATE_WORK_TIMED_SHARE), or ""."""
     for what, timing in (("device-time batches", result.device_time), ("call-latency calls", result.call_latency)):
         late = timing.late_work if timing else None
-        if late and late.late >= max(2, LATE_WORK_TIMED_SHARE * late.measured):
+        if late and late.late >= max(LATE_WORK_TIMED_MIN, LATE_WORK_TIMED_SHARE * late.measured):
             return (f"GPU work ran after {late.late} of {late.measured} {what} had returned ({late.mean_us:.1f} us each "
                     f"on average, up to {late.max_us:.1f}, charged to the timing): work left on another stream")  # fmt: skip
     return ""

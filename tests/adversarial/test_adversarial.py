@@ -111,13 +111,15 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
     side_stream_alternate leaves work behind on every other call only: a late-work sighting that a second
     call does not confirm still counts when a later trial shows it again. defers_timed_work leaves too little
     behind for the trials' threshold, and only in timed calls: the call-latency timer sees it on every call."""
-    names = [n for n in EXPECTED if n not in ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only")]
     late = ["side_stream", "side_stream_alternate", "defers_timed_work"]
-    names += [*late, "selected_rows_only"]
-    bench(tmp_path, ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
-    want = {name: EXPECTED[name][0] for name in names if name in EXPECTED}
+    want = {n: EXPECTED[n][0] for n in EXPECTED if n not in ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only")}
+    # In two runs: twenty workers side by side, each with its inputs, would crowd the GPU's memory.
+    runs = (list(want), [*late, "selected_rows_only"])
+    for run, names in enumerate(runs):
+        bench(tmp_path / str(run), ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     want.update(dict.fromkeys(late, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL")
-    got = {name: statuses(tmp_path, "nvidia-h200", name, partial=True)[0] for name in names}
-    assert {name: w["status"] for name, w in got.items()} == want, {n: w["message"][:200] for n, w in got.items()}
+    got = {n: statuses(tmp_path / str(run), "nvidia-h200", n, True)[0] for run, names in enumerate(runs) for n in names}
+    for name, status in want.items():
+        assert got[name]["status"] == status, (name, got[name]["message"][:300])
     assert all("GPU work ran" in got[name]["message"] for name in late)
     assert "call-latency calls" in got["defers_timed_work"]["message"]
