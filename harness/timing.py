@@ -60,9 +60,10 @@ _device_synchronize = torch.cuda.synchronize
 _synchronize_current_device = getattr(torch._C, "_cuda_synchronize", torch.cuda.synchronize)
 _event_synchronize = torch.cuda.Event.synchronize
 
-# The host's wait for an idle device after an honest call exceeds the same wait just before it by up to ~20 us on
-# the H200, more after long calls (up to ~1% of the call's own time), and by 25-70 us after a batch of ten; late
-# work within this allowance per call is neither charged nor counted (docs/performance.md, how times are taken).
+# The host's wait for an idle device after an honest call exceeds the same wait just before it by 10-30 us at the
+# 99th percentile on the H200, more after long calls (up to ~1% of the call's own time), and by 25-70 us after a
+# batch of ten; late work within this allowance per call is neither charged nor counted (docs/performance.md, at
+# its top).
 LATE_WORK_NOISE_US = 20.0
 LATE_WORK_NOISE_SHARE = 0.01
 
