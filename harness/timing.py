@@ -12,8 +12,9 @@
 Events time the caller's stream only. GPU work a call leaves on a stream its end event does not wait for (late
 work: its outputs are not ready when the caller's stream goes on) is charged to its time: once the end event has
 completed, the host times its wait for the whole device to go idle, less the same wait with the device idle just
-before the call (`device_wait_after`) and a noise allowance. The device time charges it per batch, spread over the
-batch's calls. What was charged, and how often, is kept with the timing (results.LateWork).
+before the call (`device_wait_after`) and a noise allowance. The device time charges what is still running when a
+batch ends, spread over the batch's calls; work that ran beside the batch's later calls it cannot see. What was
+charged, and how often, is kept with the timing (results.LateWork).
 
 Before each call, outside the timed window, the caller's `prepare` redraws the call's inputs and poisons its
 outputs. After a warm-up, calls are taken in batches until the standard error of the mean is under
