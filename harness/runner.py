@@ -492,13 +492,13 @@ class Bench:
         if self._setup_problem is not None:
             result = self._base(workload, index, *self._setup_problem)
         elif self._tainted:
-            result = self._base(workload, index, Status.REWARD_HACK, f"on an earlier workload: {self._tainted}")
+            result = self._base(workload, index, Status.REWARD_HACK, self._tainted)
         else:
             result = self.run_workload(self._call, workload, index)
             if result.status is Status.REWARD_HACK and (
                 PATCHED_FUNCTIONS in result.message or CHANGED_SETTINGS in result.message
             ):
-                self._tainted = result.message
+                self._tainted = f"on an earlier workload: {result.message}"
         self._busy_seconds += time.perf_counter() - started
         return self.scorer.rescore(result)
 
@@ -510,8 +510,14 @@ class Bench:
         if not replaced:
             return result
         result.status, result.message = Status.REWARD_HACK, f"{PATCHED_FUNCTIONS}: {', '.join(replaced)}"
-        self._tainted = result.message
+        self._tainted = f"on an earlier workload: {result.message}"
         return self.scorer.rescore(result)
+
+    def mark_patched_when_loaded(self, replaced: list[str]) -> None:
+        """The backstop's verdict on what loading the solution replaced (run_side_by_side, where solutions share a
+        process): every workload of the solution is REWARD_HACK."""
+        if replaced:
+            self._tainted = f"when it was loaded: {PATCHED_FUNCTIONS}: {', '.join(replaced)}"
 
     def finish(self, suite: Suite, results: list[WorkloadResult]) -> BenchResult:
         return BenchResult(
@@ -832,14 +838,18 @@ def run_side_by_side(
     """Run several solutions in one process, interleaved per workload, so that clock drift hits all alike.
 
     The baseline solution, if present, runs first on each workload and its latency becomes the others'
-    T_b for that workload at once. After each workload the backstop: the check of the watched functions taken before
-    any solution is loaded, held here where no solution can replace it (guards.patch_check).
+    T_b for that workload at once. After each solution is loaded and after each workload the backstop: the check of the
+    watched functions taken before any solution is loaded, held here where no solution can replace it
+    (guards.patch_check). Run after each load, it puts back what one solution replaced before the next one takes its
+    snapshot of the harness, and marks the solution that did.
     """
     by_name = {bench.solution.name: bench for bench in benches}
     ordered = [by_name[name] for name in baseline_first(by_name)]
     patched = guards.patch_check()
     for bench in ordered:
         bench.start()
+        replaced = patched()  # before the method is looked up: it puts back a replaced one
+        bench.mark_patched_when_loaded(replaced)
     results: dict[str, list[WorkloadResult]] = {bench.solution.name: [] for bench in ordered}
     for workload in workloads:
         for bench in ordered:

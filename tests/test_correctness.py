@@ -216,3 +216,36 @@ def test_tolerance_is_atol_plus_rtol_times_reference() -> None:
     outside = torch.tensor([[2.0 + 0.125]], dtype=torch.bfloat16).expand(1, 4).contiguous()
     assert check_output(spec, (1, 4), inside, ref, tol).status is Status.PASSED
     assert check_output(spec, (1, 4), outside, ref, tol).status is Status.INCORRECT_NUMERICAL
+
+
+IMPORT_PATCHER = """
+import harness.runner
+from reference import reference_backward
+
+_real = harness.runner.check_outputs
+harness.runner.check_outputs = lambda *args: _real(*args)  # at import, before any call
+
+
+def run(*tensors):
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+@pytest.mark.parametrize("patcher_first", [True, False])
+def test_in_one_process_a_replacement_at_import_is_its_importers_alone(make_solution, patcher_first: bool) -> None:
+    """Side by side in one process (--no-isolation), what a solution replaces when it is imported is found and put back
+    before the next solution is loaded: the importer is marked, the other solution is not."""
+    from harness.runner import run_side_by_side
+
+    root = make_solution("patcher", IMPORT_PATCHER)
+    make_solution("honest", IMPORT_PATCHER.replace("harness.runner.check_outputs = ", "_unused = "))
+    names = ["patcher", "honest"] if patcher_first else ["honest", "patcher"]
+    untouched = guards.patch_check()
+    results = run_side_by_side([bench(root, name) for name in names], SMOKE, SMOKE.workloads[:2])
+    statuses = {r.solution.name: {w.status for w in r.workloads} for r in results}
+    assert statuses == {"patcher": {Status.REWARD_HACK}, "honest": {Status.PASSED}}, [
+        w.message for r in results for w in r.workloads
+    ]
+    assert all("harness.runner.check_outputs" in w.message for r in results if r.solution.name == "patcher" for w in r.workloads)
+    assert untouched() == []
