@@ -335,7 +335,8 @@ SuiteOption = Annotated[
 
 
 BY_WORKLOAD_VALUES = (
-    "latency_us", "device_us", "host_us", "floor_us", "pct_sol", "pct_sol_measured", "sol_score", "device_sol_score",
+    "latency_us", "device_us", "host_us", "floor_us", "public_us", "pct_sol", "pct_sol_measured", "sol_score",
+    "device_sol_score",
 )  # fmt: skip
 
 

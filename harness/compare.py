@@ -3,6 +3,12 @@
 The SOL score is recomputed here from the baseline (reference_fp32) file of the same device, so that a
 baseline benched after a solution still scores it. A workload that did not pass scores S = 0, and its time counts
 in no mean: solutions rank by workloads passed, then by mean call latency over those.
+
+Where the public SOL-ExecBench evaluator's own traces of a solution are kept beside its result
+(results/<device>/public-evaluator/<solution>.jsonl, written by scripts/public_evaluator.sh), each workload carries the
+evaluator's latency too (`public_us`, the median CUPTI span of a workload it passed), so that our timings and the public
+benchmark's are read side by side. The script exports the code the result measured (harness.export refuses any other),
+so the two stay of the same code as long as a new result comes with new traces.
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ import math
 from pathlib import Path
 
 import pandas as pd
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from harness.results import BASELINE_SOLUTION, ResultsError, find_results, load_result
 from harness.roofline import sol_score
+from harness.solexecbench import TraceLine
 from harness.status import Status
 
 
@@ -37,6 +45,11 @@ def load_frame(
             continue
         if solutions is not None and result.solution.name not in solutions:
             continue
+        try:
+            public = public_latencies(results_dir / slug / PUBLIC_EVALUATOR_FOLDER / f"{result.solution.name}.jsonl")
+        except ResultsError as exc:  # the comparison goes on without the evaluator's column for this solution
+            skipped.append(str(exc))
+            public = {}
         for w in result.workloads:
             rows.append(
                 {
@@ -56,6 +69,7 @@ def load_frame(
                     "sol_us_measured": w.sol_us_measured,
                     "pct_sol": w.percent_of_sol,
                     "pct_sol_measured": w.percent_of_sol_measured,
+                    "public_us": public.get(w.uuid, math.nan),
                 }
             )
     frame = pd.DataFrame(rows)
@@ -63,6 +77,28 @@ def load_frame(
         frame = _with_scores(frame)
     frame.attrs["skipped"] = skipped
     return frame
+
+
+PUBLIC_EVALUATOR_FOLDER = "public-evaluator"
+
+
+def public_latencies(path: Path) -> dict[str, float]:
+    """The public evaluator's latency in us per workload uuid from its traces (NaN where it did not pass the workload);
+    nothing where there is no such file."""
+    if not path.exists():
+        return {}
+    latencies = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            trace = TraceLine.model_validate_json(line)
+        except ValidationError as exc:
+            where = ".".join(str(part) for part in exc.errors()[0]["loc"]) or "(the line)"
+            raise ResultsError(f"{path}: line {number}: not a trace of the public evaluator: field '{where}'") from None
+        timed = trace.evaluation.status == "PASSED" and trace.evaluation.performance is not None
+        latencies[trace.workload.uuid] = trace.evaluation.performance.latency_ms * 1e3 if timed else math.nan
+    return latencies
 
 
 def _with_scores(frame: pd.DataFrame) -> pd.DataFrame:
@@ -92,8 +128,8 @@ def _geomean(values: pd.Series) -> float:
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (device, suite, solution), ranked by workloads passed, then by mean call latency: call-latency
     aggregates, %SOL and speedup over the passed workloads only (a failed workload's time is no result), S over all
-    (a failed workload scores 0), then the mean device time, its S, and the mean host cost. A solution that failed
-    any workload says how many in `failed`."""
+    (a failed workload scores 0), then the mean device time, its S, the mean host cost and the public evaluator's mean
+    latency. A solution that failed any workload says how many in `failed`."""
     rows = []
     for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
         passed = group[group.status == Status.PASSED.value]
@@ -114,6 +150,8 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "mean_device_us": passed.device_us.mean(),
                 "mean_device_sol_score": group.device_sol_score.mean(),
                 "mean_host_us": passed.host_us.mean(),
+                # over the same workloads, where the evaluator timed every one of them
+                "mean_public_us": passed.public_us.mean() if passed.public_us.notna().all() else math.nan,
             }
         )
     ranked = pd.DataFrame(rows).sort_values(["device", "suite", "failed", "mean_us"], na_position="last")
@@ -154,6 +192,7 @@ TERMINAL_HEADERS = {
     "mean_device_us": "device",
     "mean_device_sol_score": "S device",
     "mean_host_us": "host",
+    "mean_public_us": "public",
 }
 NAME_COLUMNS = ("device", "suite", "solution")
 

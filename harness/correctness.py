@@ -1,8 +1,11 @@
-"""Checking one output of a solution against the reference (SOL-ExecBench's rule, with its error report).
+"""Checking one output of a solution against the reference: the public SOL-ExecBench evaluator's rule (v1.0.2,
+compute_error_stats), with its error report.
 
-An element passes when |out - ref| <= atol + rtol * |ref|, both compared in float32; an output passes
-when it has the declared shape, dtype and a contiguous layout, holds no NaN/Inf, and at least
-`required_matched_ratio` of its elements pass.
+An element passes when |out - ref| <= atol + rtol * |ref|, both compared in float32; an output passes when it has the
+declared shape, dtype and a contiguous layout, holds no NaN/Inf, is not all zeros where the reference is not, at least
+`required_matched_ratio` of its elements pass, and, where the workload sets `max_error_cap`, no element's absolute
+error exceeds it. The relative error reported is |out - ref| / max(|ref|, atol), as the evaluator reports it (a
+reference element near zero would otherwise make it meaningless).
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ from harness.results import OutputCheck
 from harness.status import Status
 from harness.workloads import Tolerance
 from reference.problem import TensorSpec
+
+# An output with no nonzero element where the reference has one: no work done at all (the evaluator fails it whatever
+# its matched ratio, which can pass where most of the reference is zero: grad_hidden_states when T << B).
+ALL_ZEROS = "all zeros where the reference is not"
 
 
 def check_output(
@@ -40,7 +47,7 @@ def check_output(
     diff = (actual - expected).abs()
     finite = torch.isfinite(diff)
     max_abs = float(diff[finite].max()) if bool(finite.any()) else float("inf")
-    rel = diff / expected.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    rel = diff / expected.abs().clamp_min(tol.atol)
     max_rel = float(rel[finite].max()) if bool(finite.any()) else float("inf")
     matched = (diff <= tol.atol + tol.rtol * expected.abs()) & finite
     ratio = float(matched.float().mean()) if matched.numel() else 1.0
@@ -50,8 +57,12 @@ def check_output(
         problems.append(f"{int(torch.isnan(actual).sum())} NaN (unwritten or invalid elements)")
     if has_inf:
         problems.append(f"{int(torch.isinf(actual).sum())} Inf")
+    if not bool(actual.any()) and bool(expected.any()):
+        problems.append(ALL_ZEROS)
     if ratio < tol.required_matched_ratio:
         problems.append(f"matched ratio {ratio:.5f} < {tol.required_matched_ratio}")
+    if tol.max_error_cap is not None and max_abs > tol.max_error_cap:
+        problems.append(f"max absolute error {max_abs:.4g} > the cap {tol.max_error_cap}")
     return OutputCheck(
         name=spec.name,
         status=Status.INCORRECT_NUMERICAL if problems else Status.PASSED,

@@ -31,11 +31,20 @@ class InputSpec(BaseModel):
 
 
 class WorkloadTolerance(BaseModel):
+    """The evaluator's ToleranceSpec (v1.0.2), with its defaults; None where a field is left to its default."""
+
     model_config = ConfigDict(extra="forbid")
-    max_atol: float = Field(gt=0)
-    max_rtol: float = Field(ge=0)
+    max_atol: float = Field(default=0.01, gt=0)
+    max_rtol: float = Field(default=0.01, ge=0)
     required_matched_ratio: float | None = Field(default=None, gt=0, le=1)
-    max_error_cap: float | None = None
+    max_error_cap: float | None = Field(default=None, gt=0)
+    allow_negative_inf: bool | None = None
+
+    @model_validator(mode="after")
+    def _finite_outputs(self) -> WorkloadTolerance:
+        if self.allow_negative_inf:
+            raise ValueError("allow_negative_inf: this problem's outputs are finite gradients; the harness fails any Inf")
+        return self
 
 
 class WorkloadAxes(BaseModel):
@@ -51,7 +60,7 @@ class WorkloadLine(BaseModel):
     uuid: str = Field(min_length=1)
     axes: WorkloadAxes
     inputs: dict[str, InputSpec]
-    tolerance: WorkloadTolerance
+    tolerance: WorkloadTolerance = WorkloadTolerance()
 
     def to_workload(self) -> Workload:
         tol = self.tolerance
@@ -62,6 +71,7 @@ class WorkloadLine(BaseModel):
             atol=tol.max_atol,
             rtol=tol.max_rtol,
             required_matched_ratio=tol.required_matched_ratio or DEFAULT_MATCHED_RATIO,
+            max_error_cap=tol.max_error_cap,
         )
 
     @classmethod
@@ -71,7 +81,9 @@ class WorkloadLine(BaseModel):
             uuid=workload.uuid,
             axes=WorkloadAxes(batch_seq_len=workload.batch_seq_len, num_tokens=workload.num_tokens),
             inputs={name: InputSpec(type="custom") for name in INPUT_NAMES},
-            tolerance=WorkloadTolerance(max_atol=workload.atol, max_rtol=workload.rtol, required_matched_ratio=ratio),
+            tolerance=WorkloadTolerance(
+                max_atol=workload.atol, max_rtol=workload.rtol, required_matched_ratio=ratio, max_error_cap=workload.max_error_cap
+            ),
         )
 
     def dumps(self) -> str:
@@ -122,6 +134,8 @@ def suite_yaml(suite: Suite) -> str:
         fields = {"uuid": w.uuid, "batch_seq_len": w.batch_seq_len, "num_tokens": w.num_tokens, "atol": w.atol, "rtol": w.rtol}
         if w.required_matched_ratio != DEFAULT_MATCHED_RATIO:
             fields["required_matched_ratio"] = w.required_matched_ratio
+        if w.max_error_cap is not None:
+            fields["max_error_cap"] = w.max_error_cap
         rows.append(
             "  - {"
             + ", ".join(f"{key}: {value!r}" if isinstance(value, float) else f"{key}: {value}" for key, value in fields.items())

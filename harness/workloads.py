@@ -26,6 +26,7 @@ class Tolerance(BaseModel):
     atol: float = Field(gt=0)
     rtol: float = Field(ge=0)
     required_matched_ratio: float = Field(default=0.99, gt=0, le=1)
+    max_error_cap: float | None = Field(default=None, gt=0)  # no element's absolute error may exceed it
 
 
 class Workload(BaseModel):
@@ -39,6 +40,7 @@ class Workload(BaseModel):
     atol: float = Field(gt=0)
     rtol: float = Field(ge=0)
     required_matched_ratio: float = Field(default=0.99, gt=0, le=1)
+    max_error_cap: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _tokens_fit_in_batch(self) -> Workload:
@@ -52,7 +54,9 @@ class Workload(BaseModel):
 
     @property
     def tolerance(self) -> Tolerance:
-        return Tolerance(atol=self.atol, rtol=self.rtol, required_matched_ratio=self.required_matched_ratio)
+        return Tolerance(
+            atol=self.atol, rtol=self.rtol, required_matched_ratio=self.required_matched_ratio, max_error_cap=self.max_error_cap
+        )
 
     @property
     def label(self) -> str:

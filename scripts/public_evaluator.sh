@@ -7,12 +7,13 @@
 #
 # Usage (repo root, on the GPU machine):
 #   bash scripts/public_evaluator.sh SOL_EXECBENCH_DIR WHEEL_DIR OUT_DIR SOLUTION[,SOLUTION...]
-# For each solution: OUT_DIR/<solution>/ holds the export, the evaluator's traces (public_traces.jsonl) and log, and
-# a table of its latency beside the harness's call latency and device time from the committed result. EVALUATOR_TIMEOUT_S
-# bounds each evaluation (default 1800).
+# For each solution: OUT_DIR/<solution>/ holds the export, the evaluator's traces (public_traces.jsonl) and log; the
+# traces are copied to results/<device>/public-evaluator/<solution>.jsonl, where `harness compare` shows the evaluator's
+# latency (public_us) beside the harness's timings, which it prints last. EVALUATOR_TIMEOUT_S bounds each evaluation
+# (default 1800).
 set -uo pipefail
 if [ $# -ne 4 ]; then
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
 fi
 evaluator=$(realpath "$1") wheels=$(realpath "$2") out=$3 solutions=$4
@@ -21,7 +22,9 @@ site=$(mktemp -d) bin=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl || exit 1
 # the evaluator starts its driver as `python`: a wrapper, since a link out of a virtual environment's folder loses it
 printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$bin/python" && chmod +x "$bin/python"
-mkdir -p "$out"
+slug=$(PYTHONPATH="$site:$PWD" python3 -c "import torch; from harness.provenance import device_slug; print(device_slug(torch.device('cuda')))")
+kept=results/$slug/public-evaluator
+mkdir -p "$out" "$kept"
 for name in ${solutions//,/ }; do
     folder="$out/$name"
     PYTHONPATH="$site:$PWD" python3 -m harness export -s "$name" --format sol-execbench -o "$folder" || continue
@@ -31,23 +34,8 @@ for name in ${solutions//,/ }; do
             -o public_traces.jsonl) \
         > "$folder/public.log" 2>&1
     echo "$name: the evaluator exited with $? (log: $folder/public.log)"
-    PYTHONPATH="$site:$PWD" python3 - "$folder" <<'PY'
-import json
-import sys
-from pathlib import Path
-
-from harness.results import RESULTS_DIR, load_result
-
-folder = Path(sys.argv[1])
-traces = [json.loads(line) for line in (folder / "public_traces.jsonl").read_text().splitlines() if line.strip()]
-ours = {w.uuid: w for w in load_result(RESULTS_DIR / "nvidia-h200" / f"{folder.name}.json").workloads}
-print(f"{folder.name}: public evaluator (median CUPTI span) against the harness (mean call latency, mean device time), us")
-print("| B | T | status | public | call latency | device time | public / call latency |")
-print("|---|---|---|---|---|---|---|")
-for trace in traces:
-    w, evaluation = ours[trace["workload"]["uuid"]], trace["evaluation"]
-    public = (evaluation.get("performance") or {}).get("latency_ms", float("nan")) * 1e3
-    print(f"| {w.batch_seq_len} | {w.num_tokens} | {evaluation['status']} | {public:.1f} | {w.latency_us:.1f} | "
-          f"{w.device_us:.1f} | {public / w.latency_us:.2f} |")
-PY
+    # kept beside the harness's result, where `harness compare` reads it as the column public_us
+    [ -s "$folder/public_traces.jsonl" ] && cp "$folder/public_traces.jsonl" "$kept/$name.jsonl"
 done
+PYTHONPATH="$site:$PWD" python3 -m harness compare --device "$slug" --by-workload --value public_us
+PYTHONPATH="$site:$PWD" python3 -m harness compare --device "$slug"

@@ -270,3 +270,37 @@ def test_the_terminal_table_never_cuts_a_solution_name_short() -> None:
     text = console.export_text()
     assert "torch_compile_max_autotune" in text and "nvidia-h200, public: Solutions" in text
     assert "latency" in text and "failed" not in text
+
+
+def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Path) -> None:
+    """results/<device>/public-evaluator/<solution>.jsonl gives each workload the evaluator's latency (public_us) and
+    the summary its mean; a broken traces file is named and passed over, its solution still compared."""
+    committed = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200"
+    device = tmp_path / "nvidia-h200"
+    (device / "public-evaluator").mkdir(parents=True)
+    for name in ("triton_fused", "torch_cublas"):
+        (device / f"{name}.json").write_text((committed / f"{name}.json").read_text())
+    traces = (committed / "public-evaluator" / "triton_fused.jsonl").read_text().splitlines()
+    failed = json.loads(traces[0])
+    failed["evaluation"].update(status="INCORRECT_NUMERICAL", performance=None)
+    (device / "public-evaluator" / "triton_fused.jsonl").write_text("\n".join([json.dumps(failed), *traces[1:]]) + "\n")
+    (device / "public-evaluator" / "torch_cublas.jsonl").write_text('{"definition": "009"}\n')  # not a trace
+
+    frame = comparing.load_frame(tmp_path)
+    ours = frame[frame.solution == "triton_fused"].set_index("uuid").public_us
+    first = json.loads(traces[0])["workload"]["uuid"]
+    assert pd.isna(ours[first]) and ours.drop(first).notna().all()
+    second = json.loads(traces[1])
+    assert ours[second["workload"]["uuid"]] == pytest.approx(second["evaluation"]["performance"]["latency_ms"] * 1e3)
+    assert frame[frame.solution == "torch_cublas"].public_us.isna().all()
+    broken = device / "public-evaluator" / "torch_cublas.jsonl"
+    assert frame.attrs["skipped"] == [f"{broken}: line 1: not a trace of the public evaluator: field 'workload'"]
+    summary = comparing.summary(frame).set_index("solution")
+    assert summary.mean_public_us.isna().all()  # triton_fused's first workload has no public time, torch_cublas none
+
+    (device / "public-evaluator" / "triton_fused.jsonl").write_text("\n".join(traces) + "\n")
+    table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
+    assert table.exit_code == 0 and "torch_cublas.jsonl: line 1" in table.stderr
+    summary = pd.read_csv(io.StringIO(table.stdout)).set_index("solution")
+    assert summary.mean_public_us["triton_fused"] == pytest.approx(comparing.load_frame(tmp_path).query(
+        "solution == 'triton_fused'").public_us.mean(), abs=0.1)  # fmt: skip

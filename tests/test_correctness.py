@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness import guards, runner
-from harness.correctness import check_output
+from harness.correctness import ALL_ZEROS, check_output
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions, LateWorkWatch, check_call
 from harness.status import Status
@@ -216,6 +216,40 @@ def test_tolerance_is_atol_plus_rtol_times_reference() -> None:
     outside = torch.tensor([[2.0 + 0.125]], dtype=torch.bfloat16).expand(1, 4).contiguous()
     assert check_output(spec, (1, 4), inside, ref, tol).status is Status.PASSED
     assert check_output(spec, (1, 4), outside, ref, tol).status is Status.INCORRECT_NUMERICAL
+
+
+def test_an_all_zero_output_fails_whatever_its_matched_ratio() -> None:
+    """As the public evaluator rules: zeros where the reference has a nonzero element are no work done, even where the
+    reference is mostly zero (grad_hidden_states when T << B) and the matched ratio passes; a timed call that returns
+    them is grossly wrong (REWARD_HACK, not a narrow miss)."""
+    spec = OUTPUTS[0]
+    ref = torch.zeros(200, 8, dtype=torch.bfloat16)
+    ref[0] = 1.0  # one selected row in 200
+    zeros = torch.zeros_like(ref)
+    check = check_output(spec, (200, 8), zeros, ref, Tolerance(atol=0.01, rtol=0.05))
+    assert check.status is Status.INCORRECT_NUMERICAL and check.matched_ratio == pytest.approx(0.995)
+    assert ALL_ZEROS in check.message and runner._grossly_wrong(check)
+    assert check_output(spec, (200, 8), zeros, torch.zeros_like(ref), Tolerance(atol=0.01, rtol=0.05)).status is Status.PASSED
+
+
+def test_max_error_cap_fails_a_rare_outlier_the_matched_ratio_lets_pass() -> None:
+    spec = OUTPUTS[2]
+    ref = torch.ones(10, 100, dtype=torch.bfloat16)
+    out = ref.clone()
+    out[0, 0] = 9.0
+    assert check_output(spec, (10, 100), out, ref, Tolerance(atol=0.01, rtol=0.05)).status is Status.PASSED
+    capped = check_output(spec, (10, 100), out, ref, Tolerance(atol=0.01, rtol=0.05, max_error_cap=4.0))
+    assert capped.status is Status.INCORRECT_NUMERICAL and "cap" in capped.message
+
+
+def test_relative_error_is_reported_against_at_least_atol() -> None:
+    """|out - ref| / max(|ref|, atol), the public evaluator's report: a reference element at zero does not make it
+    unbounded."""
+    spec = OUTPUTS[2]
+    ref = torch.tensor([[0.0, 2.0]], dtype=torch.bfloat16)
+    out = torch.tensor([[0.0078125, 2.0]], dtype=torch.bfloat16)  # 2^-7, exact in bf16
+    check = check_output(spec, (1, 2), out, ref, Tolerance(atol=0.01, rtol=0.05))
+    assert check.max_rel_error == pytest.approx(0.78125)
 
 
 IMPORT_PATCHER = """

@@ -56,7 +56,7 @@ def test_public_workload_file_round_trips_exactly(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda row: row.pop("tolerance"), r"line 3: field 'tolerance': Field required"),
+        (lambda row: row["tolerance"].update(allow_negative_inf=True), r"line 3: field 'tolerance': .*outputs are finite"),
         (lambda row: row["axes"].update(num_tokens=5000), r"line 3 \(uuid .*\): .*exceeds batch_seq_len"),
         (lambda row: row["tolerance"].update(max_atol=-1), r"line 3: field 'tolerance.max_atol'"),
         (lambda row: row["inputs"].pop("w2_weight"), r"line 3: field 'inputs': missing w2_weight"),
@@ -70,6 +70,34 @@ def test_bad_workload_lines_name_line_and_field(tmp_path: Path, mutate, message:
     path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     with pytest.raises(FormatError, match=message):
         read_workload_lines(path)
+
+
+def test_tolerance_fields_and_defaults_are_the_public_evaluators(tmp_path: Path) -> None:
+    """A line without a tolerance takes the evaluator's defaults (atol and rtol 0.01, ratio 0.99); its other fields are
+    read, max_error_cap kept through a manifest and back."""
+    rows = [json.loads(line) for line in PUBLIC_FILE.read_text().splitlines()[:2]]
+    del rows[0]["tolerance"]
+    rows[1]["tolerance"].update(max_error_cap=0.5, allow_negative_inf=False)
+    path = tmp_path / "workload.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    suite = import_workloads(path, "mine", "")
+    first, second = suite.workloads
+    assert (first.atol, first.rtol, first.required_matched_ratio, first.max_error_cap) == (0.01, 0.01, 0.99, None)
+    assert second.max_error_cap == 0.5 and second.tolerance.max_error_cap == 0.5
+    manifest = tmp_path / "mine.yaml"
+    manifest.write_text(suite_yaml(suite))
+    assert load_suite(manifest).workloads == suite.workloads
+    assert json.loads(workload_jsonl(suite).splitlines()[1])["tolerance"]["max_error_cap"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["triton_fused", "torch_cublas"])
+def test_the_public_evaluators_traces_read_as_our_trace_model(name: str) -> None:
+    """The evaluator's own traces of the committed comparison (results/nvidia-h200/public-evaluator/) are lines of the
+    format our exports write."""
+    lines = (RESULTS_DIR / H200 / "public-evaluator" / f"{name}.jsonl").read_text().splitlines()
+    traces = [TraceLine.model_validate_json(line) for line in lines]
+    assert {t.workload.uuid for t in traces} == {w.uuid for w in load_named_suite("public").workloads}
+    assert all(t.evaluation.status == "PASSED" and t.evaluation.performance.latency_ms > 0 for t in traces)
 
 
 def test_not_json_names_the_line(tmp_path: Path) -> None:
