@@ -197,10 +197,13 @@ class LeaderboardRecord(BaseModel):
 
 
 def _worst_errors(w: WorkloadResult) -> tuple[float | None, float | None]:
+    """(max absolute error, max relative error) of the output check with the largest absolute error over the trials
+    (the first of equals), as the public evaluator reports a workload's correctness."""
     outputs = [o for trial in w.trials for o in trial.outputs if o.max_abs_error is not None]
     if not outputs:
         return None, None
-    return max(o.max_abs_error for o in outputs), max(o.max_rel_error for o in outputs)
+    worst = max(outputs, key=lambda o: o.max_abs_error)
+    return worst.max_abs_error, worst.max_rel_error
 
 
 def leaderboard_record(

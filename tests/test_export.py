@@ -165,6 +165,11 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
         assert trace.evaluation.performance.latency_ms == pytest.approx(measured.latency_us / 1e3)
         assert trace.evaluation.log.startswith("latency_ms: mean call latency")
         assert trace.evaluation.performance.speedup_factor > 1
+        # the errors of the output with the largest absolute error, as the evaluator reports them
+        checks = [o for t in measured.trials for o in t.outputs]
+        worst = max(checks, key=lambda o: o.max_abs_error)
+        correctness = trace.evaluation.correctness
+        assert (correctness.max_absolute_error, correctness.max_relative_error) == (worst.max_abs_error, worst.max_rel_error)
 
 
 def test_a_solution_with_an_extra_exports_its_requirements(tmp_path: Path) -> None:
