@@ -59,8 +59,6 @@ from harness.timing import (
     TimingStats,
     capture_graph,
     device_wait_after,
-    idle_wait,
-    late_charge,
     time_call_latency,
     time_device,
     time_launch_floor,
@@ -148,9 +146,14 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# GPU work still running after a trial's call returned is measured and allowed as the timers measure and allow it
-# (harness.timing.late_charge): once the call's stream has finished, the host's wait for an idle device, less the same
-# wait just before the call and the noise allowance; nothing of the harness's own runs inside that wait.
+# GPU work still running after the call returned, beyond this share of the call's own time (or this many
+# milliseconds, whichever is more), was left on another stream. Measured on the host: once the call's
+# stream has finished, how long a device-wide synchronisation still waits. For an honest call that is the
+# cost of an empty synchronisation, microseconds; nothing of the harness's own runs inside that wait. Coarser than
+# the timers' allowance, which honest host-bound first calls exceed (docs/performance.md, at its top): deferring
+# less than this is left to the timers' charge and their verdict on a habit.
+LATE_WORK_SHARE = 0.25
+LATE_WORK_MIN_MS = 0.5
 # Trials added when the trials end with one unconfirmed sighting of late work (see LateWorkWatch): the
 # sighting may have been the only one the trials could see (a first call's host time masks late work, and
 # a solution may leave work behind on alternate calls only; seen on the H200 with 3 trials).
@@ -177,11 +180,9 @@ CHANGED_SETTINGS = "changed process-wide settings"
 _event_elapsed_ms = torch.cuda.Event.elapsed_time
 
 
-def _late_gpu_work_us(start: torch.cuda.Event, end: torch.cuda.Event, idle_us: float) -> tuple[float, float]:
-    """(us of GPU work after the call's stream finished, beyond the noise allowance; us between start and end on that
-    stream), `idle_us` the wait for an idle device measured just before the call."""
-    own_us = _event_elapsed_ms(start, end) * 1e3
-    return late_charge(device_wait_after(end), idle_us, own_us), own_us
+def _late_gpu_work_ms(start: torch.cuda.Event, end: torch.cuda.Event) -> tuple[float, float]:
+    """(ms the device still worked after the call's stream finished; ms between start and end on that stream)."""
+    return device_wait_after(end) / 1e3, _event_elapsed_ms(start, end)
 
 
 @dataclass
@@ -209,8 +210,9 @@ class CallEvidence:
     produced: list[object]
     threads: list[str]  # threads still running the solution's code after it returned
     patched: list[str]  # watched functions replaced
-    late_us: float  # GPU work after the call's stream finished, beyond the noise allowance (harness.timing.late_charge)
-    own_us: float
+    late: bool  # GPU work ran well after the call's stream finished (LATE_WORK_SHARE, LATE_WORK_MIN_MS)
+    late_ms: float
+    own_ms: float
     late_sightings: int
     changed_settings: list[str]
 
@@ -224,11 +226,10 @@ def patched_functions(e: CallEvidence) -> str:
 
 
 def late_gpu_work(e: CallEvidence) -> str:
-    if not e.late_us:
+    if not e.late:
         return ""
-    return (f"GPU work ran {e.late_us:.0f} us beyond the allowance after the call returned (the call's stream took "
-            f"{e.own_us:.0f} us), seen on {e.late_sightings} calls of this workload: work left on another stream is outside "
-            "the timed window")  # fmt: skip
+    return (f"GPU work ran {e.late_ms:.3f} ms after the call returned (the call's stream took {e.own_ms:.3f} ms), seen on "
+            f"{e.late_sightings} calls of this workload: work left on another stream is outside the timed window")  # fmt: skip
 
 
 def changed_settings(e: CallEvidence) -> str:
@@ -294,30 +295,32 @@ def check_call(
     def call_once() -> tuple[list[object], list[str], float, float, list[str]]:
         guards.poison(outputs)
         _synchronize(device)
-        idle_us = idle_wait() if events else 0.0
         if events:
             events[0].record()
         produced = call(inputs, outputs)
         if events:
             events[1].record()
         still_running = guards.threads_running_code_in(call.folder)
-        late_us, own_us = _late_gpu_work_us(*events, idle_us) if events else (0.0, 0.0)
-        return produced, still_running, late_us, own_us, pristine.patched()
+        late_ms, own_ms = _late_gpu_work_ms(*events) if events else (0.0, 0.0)
+        return produced, still_running, late_ms, own_ms, pristine.patched()
+
+    def late(late_ms: float, own_ms: float) -> bool:
+        return late_ms > max(LATE_WORK_MIN_MS, LATE_WORK_SHARE * own_ms)
 
     try:
-        produced, still_running, late_us, own_us, patched = call_once()
-        if late_us and not still_running and not patched and not late_work.confirm():
+        produced, still_running, late_ms, own_ms, patched = call_once()
+        if late(late_ms, own_ms) and not still_running and not patched and not late_work.confirm():
             # Measured again; the second call's outputs are the ones checked.
-            produced, still_running, late_us, own_us, patched = call_once()
-            if late_us:
+            produced, still_running, late_ms, own_ms, patched = call_once()
+            if late(late_ms, own_ms):
                 late_work.confirm()
     except Exception as exc:  # noqa: BLE001 - a solution's failure of any kind is a result, not a crash of the harness
         pristine.patched()
         guards.restore_numeric_settings(settings)
         return verdict(Status.RUNTIME_ERROR, _describe_exception(exc))
 
-    evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late_us, own_us, late_work.sightings,
-                            guards.changed_settings(settings))  # fmt: skip
+    evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
+                            late_work.sightings, guards.changed_settings(settings))  # fmt: skip
     guards.restore_numeric_settings(settings)
     for check in REWARD_HACK_CHECKS:
         found = check(evidence)

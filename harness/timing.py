@@ -77,13 +77,13 @@ def device_wait_after(event: torch.cuda.Event) -> float:
     return (_clock() - waited) * 1e6
 
 
-def late_charge(waited_us: float, idle_us: float, own_us: float, calls: int = 1) -> float:
+def _late_charge(waited_us: float, idle_us: float, own_us: float, calls: int = 1) -> float:
     """The late work charged to `calls` calls whose own stream took `own_us` in all: their wait for an idle device
     beyond the same wait on an idle device and the noise allowance of as many calls."""
     return max(0.0, waited_us - idle_us - max(LATE_WORK_NOISE_US * calls, LATE_WORK_NOISE_SHARE * own_us))
 
 
-def idle_wait() -> float:
+def _idle_wait() -> float:
     """device_wait_after on a device with nothing left to run: what an honest call's wait costs."""
     done = torch.cuda.Event()
     done.record()
@@ -176,7 +176,7 @@ def time_call_latency(
         prepare(i)
         if flush is not None:
             flush()
-            idle = idle_wait()
+            idle = _idle_wait()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         issue = time.perf_counter()
@@ -186,7 +186,7 @@ def time_call_latency(
         if flush is not None:
             end.record()
             waited, own_us = device_wait_after(end), start.elapsed_time(end) * 1e3
-            charge = late_charge(waited, idle, own_us)
+            charge = _late_charge(waited, idle, own_us)
             elapsed_us = own_us + charge
         else:
             elapsed_us = (issued - issue) * 1e6
@@ -295,7 +295,7 @@ def _time_cuda(
         batch_done = torch.cuda.Event()
         batch_done.record()
         waited, own = device_wait_after(batch_done), [start.elapsed_time(end) * 1e3 for start, end in events]
-        charges.append(late_charge(waited, idle_wait(), sum(own), len(own)))
+        charges.append(_late_charge(waited, _idle_wait(), sum(own), len(own)))
         samples.extend(t + charges[-1] / len(own) for t in own)
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break

@@ -1,6 +1,6 @@
 """Adversary: joins its side stream in the first calls (the trials), then leaves about 100 us of every call's work
-on it, outside the caller's events, in the timed calls only: the side stream starts once the caller's stream has done
-its part, so the deferred work runs after the call's end event, not beside its work."""
+on it, below the trials' threshold for late work and outside the caller's events: the side stream starts once the
+caller's stream has done its part, so the deferred work runs after the call's end event, not beside its work."""
 
 import torch
 
