@@ -150,7 +150,7 @@ def _synchronize(device: torch.device) -> None:
 # milliseconds, whichever is more), was left on another stream. Measured on the host: once the call's
 # stream has finished, how long a device-wide synchronisation still waits. For an honest call that is the
 # cost of an empty synchronisation, microseconds; nothing of the harness's own runs inside that wait. Coarser than
-# the timers' allowance, which honest host-bound first calls exceed (docs/performance.md, at its top): deferring
+# the timers' allowance, which honest host-bound trial calls exceed (docs/performance.md, at its top): deferring
 # less than this is left to the timers' charge and their verdict on a habit.
 LATE_WORK_SHARE = 0.25
 LATE_WORK_MIN_MS = 0.5
