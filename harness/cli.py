@@ -346,18 +346,21 @@ def compare_cmd(
     device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
     solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
     by_workload: Annotated[bool, typer.Option("--by-workload", help="one row per workload, one column per solution")] = False,
-    value: Annotated[str, typer.Option(help=f"with --by-workload: {', '.join(BY_WORKLOAD_VALUES)}")] = "latency_us",
+    value: Annotated[
+        str, typer.Option(help=f"with --by-workload, one or several joined by commas: {', '.join(BY_WORKLOAD_VALUES)}")
+    ] = "latency_us",
     fmt: Annotated[str, typer.Option("--format", help="table, csv or markdown")] = "table",
     suite: SuiteOption = None,
 ) -> None:
     """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""
     if fmt not in ("table", "csv", "markdown"):
         fail(f"--format must be table, csv or markdown, got '{fmt}'")
-    if value not in BY_WORKLOAD_VALUES:
-        fail(f"--value must be one of {', '.join(BY_WORKLOAD_VALUES)}, got '{value}'")
+    values = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not values or any(v not in BY_WORKLOAD_VALUES for v in values):
+        fail(f"--value must be one or more of {', '.join(BY_WORKLOAD_VALUES)} joined by commas, got '{value}'")
     frame = load_results_or_fail(results_dir, device, solution, suite)
     if by_workload:
-        comparing.render(comparing.by_workload(frame, value), fmt, f"{value} per workload", console)
+        comparing.render(comparing.by_workload(frame, values), fmt, f"{', '.join(values)} per workload", console)
     else:
         comparing.render(
             comparing.summary(frame),

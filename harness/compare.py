@@ -158,11 +158,18 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     return ranked.reset_index(drop=True)
 
 
-def by_workload(frame: pd.DataFrame, value: str = "latency_us") -> pd.DataFrame:
-    """Workloads as rows, solutions as columns, holding `value`; a failed workload's cell is marked."""
+def by_workload(frame: pd.DataFrame, values: tuple[str, ...] = ("latency_us",)) -> pd.DataFrame:
+    """Workloads as rows, a column per solution holding the one value asked for, or per solution and value ("<solution>
+    <value>") for several; a failed workload's cell is marked."""
     marked = frame.copy()
-    marked["cell"] = [_format(v) + ("" if s == Status.PASSED.value else f" ({s})") for v, s in zip(marked[value], marked.status)]
-    table = marked.pivot_table(index=["device", "index", "B", "T"], columns="solution", values="cell", aggfunc="first")
+    for value in values:
+        marked[value] = [
+            _format(v) + ("" if s == Status.PASSED.value else f" ({s})") for v, s in zip(marked[value], marked.status)
+        ]
+    table = marked.pivot_table(index=["device", "index", "B", "T"], columns="solution", values=list(values), aggfunc="first")
+    solutions = sorted(table.columns.get_level_values("solution").unique())
+    table = table[[(value, solution) for solution in solutions for value in values]]  # the values in the order asked
+    table.columns = solutions if len(values) == 1 else [f"{solution} {value}" for value, solution in table.columns]
     return table.reset_index()
 
 

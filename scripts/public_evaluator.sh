@@ -9,8 +9,8 @@
 #   bash scripts/public_evaluator.sh SOL_EXECBENCH_DIR WHEEL_DIR OUT_DIR SOLUTION[,SOLUTION...]
 # For each solution: OUT_DIR/<solution>/ holds the export, the evaluator's traces (public_traces.jsonl) and log; the
 # traces are copied to results/<device>/public-evaluator/<solution>.jsonl, where `harness compare` shows the evaluator's
-# latency (public_us) beside the harness's timings, which it prints last. EVALUATOR_TIMEOUT_S bounds each evaluation
-# (default 1800).
+# latency (public_us) beside the harness's timings, as it prints last, per workload and in all. EVALUATOR_TIMEOUT_S
+# bounds each evaluation (default 1800).
 set -uo pipefail
 if [ $# -ne 4 ]; then
     sed -n '2,13p' "$0" >&2
@@ -37,5 +37,8 @@ for name in ${solutions//,/ }; do
     # kept beside the harness's result, where `harness compare` reads it as the column public_us
     [ -s "$folder/public_traces.jsonl" ] && cp "$folder/public_traces.jsonl" "$kept/$name.jsonl"
 done
-PYTHONPATH="$site:$PWD" python3 -m harness compare --device "$slug" --by-workload --value public_us
+chosen=()
+for name in ${solutions//,/ }; do chosen+=(-s "$name"); done
+PYTHONPATH="$site:$PWD" python3 -m harness compare --device "$slug" "${chosen[@]}" --by-workload \
+    --value latency_us,device_us,public_us
 PYTHONPATH="$site:$PWD" python3 -m harness compare --device "$slug"

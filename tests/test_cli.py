@@ -104,6 +104,7 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
         (("bench", "--solution", "torch_eager", "--suite", "nightly"), "unknown suite 'nightly'"),
         (("bench", "--solution", "torch_eager", "--workload", "99"), "out of range"),
         (("compare", "--format", "xml"), "--format must be"),
+        (("compare", "--by-workload", "--value", "latency_us,latency"), "--value must be one or more of"),
     ],
 )
 def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
@@ -306,3 +307,8 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
     summary = pd.read_csv(io.StringIO(table.output)).set_index("solution")
     assert summary.mean_public_us["triton_fused"] == pytest.approx(comparing.load_frame(tmp_path).query(
         "solution == 'triton_fused'").public_us.mean(), abs=0.1)  # fmt: skip
+    # several values per workload: a column per solution and value, the values in the order asked
+    wide = invoke("compare", "--results-dir", str(tmp_path), "-s", "triton_fused", "--by-workload", "--value",
+                  "latency_us,public_us", "--format", "csv")  # fmt: skip
+    columns = pd.read_csv(io.StringIO(wide.output)).columns
+    assert list(columns[-2:]) == ["triton_fused latency_us", "triton_fused public_us"]
