@@ -17,13 +17,12 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from harness.results import BASELINE_SOLUTION, ResultsError, find_results, load_result
 from harness.roofline import sol_score
-from harness.solexecbench import TraceLine
+from harness.solexecbench import FormatError, read_traces
 from harness.status import Status
 
 
@@ -47,7 +46,7 @@ def load_frame(
             continue
         try:
             public = public_latencies(results_dir / slug / PUBLIC_EVALUATOR_FOLDER / f"{result.solution.name}.jsonl")
-        except ResultsError as exc:  # the comparison goes on without the evaluator's column for this solution
+        except FormatError as exc:  # the comparison goes on without the evaluator's column for this solution
             skipped.append(str(exc))
             public = {}
         for w in result.workloads:
@@ -88,14 +87,7 @@ def public_latencies(path: Path) -> dict[str, float]:
     if not path.exists():
         return {}
     latencies = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            trace = TraceLine.model_validate_json(line)
-        except ValidationError as exc:
-            where = ".".join(str(part) for part in exc.errors()[0]["loc"]) or "(the line)"
-            raise ResultsError(f"{path}: line {number}: not a trace of the public evaluator: field '{where}'") from None
+    for trace in read_traces(path):
         timed = trace.evaluation.status == "PASSED" and trace.evaluation.performance is not None
         latencies[trace.workload.uuid] = trace.evaluation.performance.latency_ms * 1e3 if timed else math.nan
     return latencies

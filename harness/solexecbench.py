@@ -90,7 +90,8 @@ class WorkloadLine(BaseModel):
         return json.dumps(self.model_dump(exclude_none=True))
 
 
-def read_workload_lines(path: Path) -> list[WorkloadLine]:
+def _read_json_lines(path: Path, model: type[BaseModel]) -> list[tuple[int, BaseModel]]:
+    """(line number, model) for every non-blank line of a JSON-lines file; FormatError names the file, line and field."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -100,11 +101,17 @@ def read_workload_lines(path: Path) -> list[WorkloadLine]:
         if not raw.strip():
             continue
         try:
-            line = WorkloadLine.model_validate_json(raw)
+            lines.append((number, model.model_validate_json(raw)))
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(part) for part in first["loc"]) or "(the line)"
             raise FormatError(f"{path}: line {number}: field '{field}': {first['msg']}") from None
+    return lines
+
+
+def read_workload_lines(path: Path) -> list[WorkloadLine]:
+    lines = []
+    for number, line in _read_json_lines(path, WorkloadLine):
         missing = set(INPUT_NAMES) - set(line.inputs)
         if missing:
             raise FormatError(f"{path}: line {number}: field 'inputs': missing {', '.join(sorted(missing))}")
@@ -333,3 +340,8 @@ class TraceLine(BaseModel):
     workload: WorkloadLine
     solution: str
     evaluation: Evaluation
+
+
+def read_traces(path: Path) -> list[TraceLine]:
+    """The trace lines of a file the public evaluator (or our export) wrote."""
+    return [trace for _, trace in _read_json_lines(path, TraceLine)]

@@ -295,13 +295,16 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
     assert ours[second["workload"]["uuid"]] == pytest.approx(second["evaluation"]["performance"]["latency_ms"] * 1e3)
     assert frame[frame.solution == "torch_cublas"].public_us.isna().all()
     broken = device / "public-evaluator" / "torch_cublas.jsonl"
-    assert frame.attrs["skipped"] == [f"{broken}: line 1: not a trace of the public evaluator: field 'workload'"]
+    assert frame.attrs["skipped"] == [f"{broken}: line 1: field 'workload': Field required"]
     summary = comparing.summary(frame).set_index("solution")
     assert summary.mean_public_us.isna().all()  # triton_fused's first workload has no public time, torch_cublas none
 
     assert "torch_cublas.jsonl: line 1" in invoke("compare", "--results-dir", str(tmp_path)).output
-    (device / "public-evaluator" / "triton_fused.jsonl").write_text("\n".join(traces) + "\n")
     broken.unlink()
+    broken.mkdir()  # a traces file that cannot be read is named and passed over too
+    assert comparing.load_frame(tmp_path).attrs["skipped"] == [f"{broken}: cannot read: Is a directory"]
+    (device / "public-evaluator" / "triton_fused.jsonl").write_text("\n".join(traces) + "\n")
+    broken.rmdir()
     table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
     assert table.exit_code == 0
     summary = pd.read_csv(io.StringIO(table.output)).set_index("solution")

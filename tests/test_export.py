@@ -27,6 +27,7 @@ from harness.solexecbench import (
     TraceLine,
     definition,
     import_workloads,
+    read_traces,
     read_workload_lines,
     suite_yaml,
     workload_jsonl,
@@ -94,8 +95,7 @@ def test_tolerance_fields_and_defaults_are_the_public_evaluators(tmp_path: Path)
 def test_the_public_evaluators_traces_read_as_our_trace_model(name: str) -> None:
     """The evaluator's own traces of the committed comparison (results/nvidia-h200/public-evaluator/) are lines of the
     format our exports write."""
-    lines = (RESULTS_DIR / H200 / "public-evaluator" / f"{name}.jsonl").read_text().splitlines()
-    traces = [TraceLine.model_validate_json(line) for line in lines]
+    traces = read_traces(RESULTS_DIR / H200 / "public-evaluator" / f"{name}.jsonl")
     assert {t.workload.uuid for t in traces} == {w.uuid for w in load_named_suite("public").workloads}
     assert all(t.evaluation.status == "PASSED" and t.evaluation.performance.latency_ms > 0 for t in traces)
 
