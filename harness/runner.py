@@ -221,8 +221,12 @@ def threads_still_running(e: CallEvidence) -> str:
     return f"threads still running the solution's code after it returned: {', '.join(e.threads)}" if e.threads else ""
 
 
+def _patched_message(replaced: list[str]) -> str:
+    return f"{PATCHED_FUNCTIONS}: {', '.join(replaced)}"
+
+
 def patched_functions(e: CallEvidence) -> str:
-    return f"{PATCHED_FUNCTIONS}: {', '.join(e.patched)}" if e.patched else ""
+    return _patched_message(e.patched) if e.patched else ""
 
 
 def late_gpu_work(e: CallEvidence) -> str:
@@ -513,7 +517,7 @@ class Bench:
         of the run."""
         if not replaced:
             return result
-        result.status, result.message = Status.REWARD_HACK, f"{PATCHED_FUNCTIONS}: {', '.join(replaced)}"
+        result.status, result.message = Status.REWARD_HACK, _patched_message(replaced)
         self._tainted = f"on an earlier workload: {result.message}"
         return self.scorer.rescore(result)
 
@@ -521,7 +525,7 @@ class Bench:
         """The backstop's verdict on what loading the solution replaced (run_side_by_side, where solutions share a
         process): every workload of the solution is REWARD_HACK."""
         if replaced:
-            self._tainted = f"when it was loaded: {PATCHED_FUNCTIONS}: {', '.join(replaced)}"
+            self._tainted = f"when it was loaded: {_patched_message(replaced)}"
 
     def finish(self, suite: Suite, results: list[WorkloadResult]) -> BenchResult:
         return BenchResult(
