@@ -264,6 +264,7 @@ def leaderboard_record(
             "input_sets": result.config.input_sets,
             "target_rel_stderr": result.config.target_rel_stderr,
             "max_calls": result.config.max_calls,
+            "launch_audit": result.config.launch_audit,
         },
         suite={"name": result.config.suite, "workloads": len(result.workloads)},
         aggregates={

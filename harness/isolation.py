@@ -78,7 +78,7 @@ class RunPlan:
         """A solution's result file as the parent describes it, where none of its workers lived to report the run."""
         return BenchResult(
             solution=solution_record(get_solution(solution, self.solutions_dir)),
-            config=bench_config(self.suite, self.options),
+            config=bench_config(self.suite, self.options, self.scorer.device),
             provenance=provenance.collect(self.scorer.device, provenance.Clocks()),
             duration_s=0.0,
             workloads=[],

@@ -117,8 +117,9 @@ class TrialReport(BaseModel):
 
 
 # Informational flags of a workload (never a failure). HOST_BOUND: the solution's host time to issue one call is longer
-# than its device time, so under the call-latency timer the GPU waits for the host.
-Flag = Literal["HOST_BOUND"]
+# than its device time, so under the call-latency timer the GPU waits for the host. NOT_AUDITED: CUPTI refused the
+# launch audit on this workload (harness.launch_audit), so work issued outside the calls would have gone unseen.
+Flag = Literal["HOST_BOUND", "NOT_AUDITED"]
 
 
 class GraphTiming(BaseModel):
@@ -231,6 +232,7 @@ class BenchConfig(BaseModel):
     max_calls: int
     cuda_graph: bool = False
     kernels: bool = False
+    launch_audit: str = Field("off: not recorded", description="how GPU work issued outside the calls was looked for")
 
 
 class BenchResult(BaseModel):

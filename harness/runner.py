@@ -33,6 +33,7 @@ import torch
 from harness import guards, provenance
 from harness.attribution import profile_kernels
 from harness.correctness import ALL_ZEROS, check_output
+from harness.launch_audit import LaunchAudit, describe
 from harness.registry import Solution
 from harness.results import (
     BASELINE_SOLUTION,
@@ -114,8 +115,13 @@ class SolutionCaller:
         self.dps = solution.spec.destination_passing_style
         self.entry_point = entry_point
         self.folder = solution.folder
+        self.audit = LaunchAudit(torch.device("cpu"))  # the workload's, which notes the span of every call
 
     def __call__(self, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor]) -> list[object]:
+        with self.audit.call():
+            return self._call(inputs, outputs)
+
+    def _call(self, inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor]) -> list[object]:
         if self.dps:
             self.entry_point(*inputs.values(), *outputs)
             return list(outputs)
@@ -373,7 +379,7 @@ def solution_record(solution: Solution) -> SolutionRecord:
     )
 
 
-def bench_config(suite: Suite, options: BenchOptions) -> BenchConfig:
+def bench_config(suite: Suite, options: BenchOptions, device: torch.device) -> BenchConfig:
     return BenchConfig(
         suite=suite.name,
         trials=options.trials,
@@ -383,6 +389,7 @@ def bench_config(suite: Suite, options: BenchOptions) -> BenchConfig:
         max_calls=options.timing.max_calls,
         cuda_graph=options.cuda_graph,
         kernels=options.kernels,
+        launch_audit=LaunchAudit.method(device),
     )
 
 
@@ -530,7 +537,7 @@ class Bench:
     def finish(self, suite: Suite, results: list[WorkloadResult]) -> BenchResult:
         return BenchResult(
             solution=solution_record(self.solution),
-            config=bench_config(suite, self.options),
+            config=bench_config(suite, self.options, self.device),
             provenance=provenance.collect(self.device, self._clocks_before),
             peaks_source=self.scorer.peaks.source if self.scorer.peaks else None,
             calibration_source=self.scorer.measured_peaks.source if self.scorer.measured_peaks else None,
@@ -561,9 +568,32 @@ class Bench:
         return self.scorer.base(workload, index, status, message, self.baseline.get(workload.uuid))
 
     def run_workload(self, call: SolutionCaller, workload: Workload, index: int) -> WorkloadResult:
-        dims = workload.dims
-        pool = [allocate_inputs(dims, self.device) for _ in range(self.options.input_sets)]
+        """The trials and the timings under the launch audit, whose verdict comes last; the optional kernel profile
+        after it (torch.profiler takes CUPTI over)."""
+        pool = [allocate_inputs(workload.dims, self.device) for _ in range(self.options.input_sets)]
         output_pool = [allocate_outputs(workload, self.device) for _ in range(self.options.input_sets)]
+        with LaunchAudit(self.device) as audit:
+            call.audit = audit
+            result = self._trials_and_timings(call, workload, index, pool, output_pool)
+        if audit.failure:
+            result.flags.append("NOT_AUDITED")
+        outside = describe(audit.outside_calls())
+        if outside:
+            result.status, result.message = Status.REWARD_HACK, outside
+        if self.options.kernels and self.device.type == "cuda" and result.call_latency is not None:
+            prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, unpredictable_seeds())
+            result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
+        return result
+
+    def _trials_and_timings(
+        self,
+        call: SolutionCaller,
+        workload: Workload,
+        index: int,
+        pool: list[dict[str, torch.Tensor]],
+        output_pool: list[list[torch.Tensor]],
+    ) -> WorkloadResult:
+        dims = workload.dims
         trials: list[TrialReport] = []
         earlier: list[list[torch.Tensor]] = []
         late_work = LateWorkWatch()
@@ -610,8 +640,7 @@ class Bench:
         result: WorkloadResult,
     ) -> None:
         """Device time over the input sets, call latency and host cost at fresh addresses, then the checks of the
-        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph timing and
-        kernel profile last."""
+        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph timing last."""
         seeds = unpredictable_seeds()
         device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
         try:
@@ -635,9 +664,6 @@ class Bench:
             self._verify_timed_outputs(workload, device_checks, latency_checks, [*on_sets, fresh], result)
         if self.options.cuda_graph:
             result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
-        if self.options.kernels and self.device.type == "cuda":
-            prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, seeds)
-            result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
 
     def _time_device(
         self,

@@ -9,6 +9,7 @@ import torch
 
 from harness.attribution import profile_kernels
 from harness.isolation import RunPlan
+from harness.launch_audit import cupti
 from harness.parallel import device_slots, run_local
 from harness.registry import SOLUTIONS_DIR, get_solution
 from harness.results import BenchResult
@@ -28,11 +29,15 @@ def test_generator_is_deterministic_on_cuda() -> None:
     assert all(torch.equal(first[name], again[name]) for name in first)
 
 
-def bench_smallest_public_workload(solution: str, results_dir: Path, cuda_graph: bool = False) -> BenchResult:
-    """One solution on the public workload of the fewest bytes (#14, B = 256, T = 64), with few trials and calls."""
+def bench_smallest_public_workload(
+    solution: str, results_dir: Path, cuda_graph: bool = False, kernels: bool = False, more: tuple[int, ...] = ()
+) -> BenchResult:
+    """One solution on the public workload of the fewest bytes (#14, B = 256, T = 64) and on those of `more`, with
+    few trials and calls."""
     suite = load_named_suite("public")
-    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20), cuda_graph=cuda_graph)
-    return Bench(get_solution(solution), torch.device("cuda"), options, results_dir).run(suite, [suite.workloads[14]])
+    options = BenchOptions(trials=2, timing=TimingConfig(max_calls=20), cuda_graph=cuda_graph, kernels=kernels)
+    workloads = [suite.workloads[i] for i in (14, *more)]
+    return Bench(get_solution(solution), torch.device("cuda"), options, results_dir).run(suite, workloads)
 
 
 @pytest.mark.parametrize("solution", ["reference_fp32", "torch_eager"])
@@ -45,6 +50,17 @@ def test_public_workload_on_cuda(tmp_path: Path, solution: str) -> None:
     assert 0 < workload.launch_floor.host_us < workload.launch_floor.latency_us < workload.call_latency.mean_us
     assert workload.sol_us is not None and 0 < workload.percent_of_sol < 100
     assert result.provenance.device_type == "cuda" and result.provenance.sm_count
+
+
+@pytest.mark.skipif(cupti is None, reason="the launch audit needs cupti-python (pip install '.[cupti]')")
+def test_launch_audit_then_kernel_profile_on_each_workload(tmp_path: Path) -> None:
+    """Each workload's trials and timings run under the launch audit, which passes the honest solution and hands CUPTI
+    back for `--kernels`' torch.profiler, workload after workload."""
+    result = bench_smallest_public_workload("torch_cublas", tmp_path, kernels=True, more=(0,))
+    assert result.config.launch_audit.startswith("cupti-python")
+    for workload in result.workloads:
+        assert workload.status is Status.PASSED and "NOT_AUDITED" not in workload.flags, workload.message
+        assert workload.kernels is not None and workload.kernels.calls == 3 and workload.kernels.kernels
 
 
 def test_isolated_workers_on_one_gpu(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harness.cli import app
+from harness.launch_audit import cupti
 from harness.workloads import load_named_suite
 from tests.conftest import HAS_CUDA
 
@@ -123,3 +124,15 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
         assert got[name]["status"] == status, (name, got[name]["message"][:300])
     assert all("GPU work ran" in got[name]["message"] for name in late)
     assert "call-latency calls" in got["defers_timed_work"]["message"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cupti is None, reason="the launch audit needs cupti-python (pip install '.[cupti]')")
+def test_native_thread_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
+    """finishes_on_native_thread leaves one output's copy to a native thread that issues it once the device idles after
+    a call-latency call: no stream is left busy and no Python thread runs on, but the launch audit sees a launch by
+    another thread while no call was running."""
+    bench(tmp_path, "finishes_on_native_thread", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
+    (got,) = statuses(tmp_path, "nvidia-h200", "finishes_on_native_thread", True)
+    assert got["status"] == "REWARD_HACK" and "while no call was running" in got["message"], got["message"][:300]
+    assert "copy of 512 bytes" in got["message"], got["message"][:300]
