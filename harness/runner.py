@@ -15,7 +15,9 @@ reference, and outputs identical to an earlier trial's (a replay). The last tria
 one's inputs with grad_output alone redrawn, so that a cache keyed on the other inputs replays. A workload
 passes when every trial passes. A workload that completed (passed, or only numerically wrong) is then
 timed (device time, then call latency and host cost: harness.timing), and the outputs of the last timed call
-on each input set and of the last call at fresh addresses are checked again.
+on each input set and of the last call at fresh addresses are checked again. The trials and timings run under the
+launch audit (harness.launch_audit, where CUPTI is installed), whose verdict on GPU work issued by another thread
+while no call was running comes last.
 """
 
 from __future__ import annotations

@@ -116,6 +116,7 @@ def test_leaderboard_record_of_triton_fused() -> None:
     assert all(w.latency_us.mean >= w.device_time_us.mean * 0.9 and w.host_us.n == w.latency_us.n for w in record.workloads)
     assert record.problem["alias"] == "009_expert_token_scatter_with_weighted_forward_backward"
     assert record.protocol["harness_commit"] == result.provenance.git_commit
+    assert record.protocol["launch_audit"].startswith("cupti-python")  # the committed run was launch-audited
     assert len(record.workloads) == 16 and all(0.5 < w.sol_score <= 1 for w in record.workloads)
     assert {s["path"] for s in record.implementation["sources"]} == set(result.solution.source_sha256)
     assert record.environment["gpu"] == "NVIDIA H200"
