@@ -191,6 +191,7 @@ def bench(
     Several solutions run side by side, interleaved per workload; each gets its own result file.
     """
     from harness.isolation import RunPlan, Timeouts
+    from harness.launch_audit import LaunchAudit
     from harness.parallel import device_slots, run_local, run_ray
     from harness.runner import Bench, BenchOptions, Scorer, run_side_by_side
 
@@ -227,6 +228,8 @@ def bench(
         fail(_message(exc))
     if kernels and dev.type != "cuda":
         console.print("[yellow]--kernels profiles GPU activity: skipped on the CPU.[/yellow]")
+    if dev.type == "cuda" and (audit := LaunchAudit.method(dev)).startswith("off"):
+        console.print(f"[yellow]launch audit {escape(audit)}: work a native thread issues between calls goes unseen.[/yellow]")
     for sol in solutions:
         if not sol.runs_on(dev.type):
             console.print(
