@@ -9,12 +9,14 @@ host thread and the time. So while a workload is measured, the harness notes the
 (`LaunchAudit.call`, through runner.SolutionCaller) and lists, at the end, the GPU work that a thread other than its
 own issued while no call was running. No honest solution does that: it has nothing to issue between calls.
 
-The public evaluator times calls with the same records enabled (runtime, driver, kernels, copies and fills), so the
-host cost they add to every launch is the one it measures under. Without cupti-python (or off the GPU) the audit
-records nothing and says so (`LaunchAudit.method`); the results keep which it was (BenchConfig.launch_audit).
+The public evaluator times calls with CUPTI recording the same kinds of activity (runtime and driver calls, kernels,
+copies, fills); the audit records only the runtime and driver functions that issue work (ISSUING_APIS), which keeps
+its host cost to a few percent of a host-bound call's (docs/performance.md). Without cupti-python (or off the GPU) the
+audit records nothing and says so (`LaunchAudit.method`); the results keep which it was (BenchConfig.launch_audit).
 
-What it cannot see: work issued by another process (through CUDA IPC handles) and a launch that leaves no runtime or
-driver record (from the device itself); and a solution's native code that tampers with CUPTI in its own process.
+What it cannot see: work issued by another process (through CUDA IPC handles); GPU work that leaves no kernel, copy
+or fill record (stream memory operations such as cuStreamWriteValue) or no record of the call that issued it (a launch
+from the device itself); and a solution's native code that tampers with CUPTI in its own process.
 """
 
 from __future__ import annotations
