@@ -140,6 +140,7 @@ class LaunchAudit:
             torch.cuda.synchronize()
             cupti.activity_flush_all(cupti.ActivityFlag.FLUSH_FORCED)
             self._stop()
+            self.active = False  # CUPTI is handed back: calls after it (the kernel profile's) are not noted
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:

@@ -123,6 +123,9 @@ def test_the_audit_joins_each_operation_to_the_thread_that_issued_it(monkeypatch
     with LaunchAudit(torch.device("cuda")) as audit, audit.call():  # the call's span: 1,000 to 2,000 on the fake clock
         assert fake.enabled == set(FakeCupti.ActivityKind)
     assert fake.not_recorded == ["cudaGetDevice", "cuCtxGetCurrent"] and fake.enabled == set() and fake.finalized
+    with audit.call():  # after the audit: a call is no longer noted, and CUPTI's clock is not read
+        pass
+    assert audit.spans == [(1_000, 2_000)] and fake.clock == 2_000
     assert [op.work for op in audit.issued()] == ["kernel gemm", "copy of 512 bytes", "fill of 64 bytes"]
     assert audit.outside_calls() == [launch_audit.Issued(harness + 1, 2_500, "copy of 512 bytes")]
 
