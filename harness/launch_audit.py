@@ -3,20 +3,21 @@
 The checks inside the solution's process see the threads Python knows of and the streams the harness waits on. A
 native thread the solution starts sees the device too: it can issue the rest of a call's work once the call has
 returned (the moment the device goes idle, say, ahead of the harness's reads of the outputs), outside every timed
-window, and none of those checks would notice. CUPTI's activity records see every launch of the process: each
-kernel, copy and fill carries the correlation id of the runtime or driver call that issued it, whose record names the
-host thread and the time. So while a workload is measured, the harness notes the host span of every call
-(`LaunchAudit.call`, through runner.SolutionCaller) and lists, at the end, the GPU work that a thread other than its
-own issued while no call was running. No honest solution does that: it has nothing to issue between calls.
+window, and none of those checks would notice. CUPTI's activity records see every runtime and driver call of the
+process, each with the host thread that made it and the time. So while a workload is measured, the harness notes the
+host span of every call (`LaunchAudit.call`, through runner.SolutionCaller) and lists, at the end, the calls of the
+functions that issue GPU work (ISSUING_APIS: launches, copies, fills, graph launches, stream memory operations) that
+a thread other than its own made while no call was running. No honest solution makes one: it has nothing to issue
+between calls. The calls themselves are judged rather than the kernel, copy and fill records they produce, because
+some work (a stream memory operation such as cuStreamWriteValue32) leaves no record of its own.
 
-The public evaluator times calls with CUPTI recording the same kinds of activity (runtime and driver calls, kernels,
-copies, fills); the audit records only the runtime and driver functions that issue work (ISSUING_APIS), which keeps
-its host cost to a few percent of a host-bound call's (docs/performance.md). Without cupti-python (or off the GPU) the
-audit records nothing and says so (`LaunchAudit.method`); the results keep which it was (BenchConfig.launch_audit).
+The public evaluator times calls with CUPTI recording runtime and driver calls too; the audit records only the
+functions that issue work, which keeps its host cost to a few percent of a host-bound call's (docs/performance.md).
+Without cupti-python (or off the GPU) the audit records nothing and says so (`LaunchAudit.method`); the results keep
+which it was (BenchConfig.launch_audit).
 
-What it cannot see: work issued by another process (through CUDA IPC handles); GPU work that leaves no kernel, copy
-or fill record (stream memory operations such as cuStreamWriteValue) or no record of the call that issued it (a launch
-from the device itself); and a solution's native code that tampers with CUPTI in its own process.
+What it cannot see: work issued by another process (through CUDA IPC handles); work the device issues itself (a launch
+from a kernel); and a solution's native code that tampers with CUPTI in its own process.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ except ImportError:  # the extra is not installed: the audit is off
 
 # The runtime and driver functions that issue GPU work, by the prefix of their names: only their calls are recorded (every
 # other API call's record would only cost the host time to make and read it; torch makes many per operation).
-ISSUING_APIS = ("cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch", "cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch")
+ISSUING_APIS = (
+    "cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch",
+    "cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch", "cuStreamWriteValue", "cuStreamBatchMemOp",
+)  # fmt: skip
 _NOT_FUNCTIONS = ("INVALID", "SIZE", "FORCE_INT")
 
 # Large enough that a workload's records (thousands of calls of up to a few hundred operations) fill few buffers: a
@@ -52,16 +56,16 @@ BUFFER_BYTES = 32 * 2**20
 
 @dataclass(frozen=True)
 class Issued:
-    """One GPU operation and the host call that issued it: the calling thread's native id, when the call started (ns
-    on CUPTI's clock, cupti.get_timestamp) and what ran (a kernel's name, or a copy or fill and its size)."""
+    """One call of a function that issues GPU work: the calling thread's native id, when the call started (ns on
+    CUPTI's clock, cupti.get_timestamp) and the function's name."""
 
     thread: int
     at_ns: int
-    work: str
+    function: str
 
 
 def issued_outside_calls(issued: list[Issued], spans: list[tuple[int, int]], harness_thread: int) -> list[Issued]:
-    """The operations of `issued` that a thread other than `harness_thread` issued outside every (start, end) span
+    """The calls of `issued` that a thread other than `harness_thread` issued outside every (start, end) span
     of `spans` (the calls, one after another on the harness's thread: they do not overlap)."""
     spans = sorted(spans)
     starts = [start for start, _ in spans]
@@ -74,26 +78,28 @@ def issued_outside_calls(issued: list[Issued], spans: list[tuple[int, int]], har
 
 
 def describe(outside: list[Issued]) -> str:
-    """The verdict's message on the operations issued outside the calls (empty where there are none)."""
+    """The verdict's message on the work issued outside the calls (empty where there is none)."""
     if not outside:
         return ""
     threads = sorted({op.thread for op in outside})
-    return (f"{len(outside)} GPU operations issued by thread {', '.join(map(str, threads))} while no call was running "
-            f"(the first: {outside[0].work}): work left for after the call returned is outside the timed window")  # fmt: skip
+    named = ", ".join(map(str, threads[:3])) + (", ..." if len(threads) > 3 else "")
+    by = f"thread {named}" if len(threads) == 1 else f"{len(threads)} threads ({named})"
+    return (f"{len(outside)} calls issuing GPU work made by {by} while no call was running (the first: "
+            f"{outside[0].function}): work left for after the call returned is outside the timed window")  # fmt: skip
 
 
 class LaunchAudit:
-    """Records, while active, every GPU operation of the process with the thread that issued it, and the host span of
-    every call made through `call`. Use as a context manager around the calls; `outside_calls` afterwards."""
+    """Records, while active, every call of the process that issues GPU work, with the thread that made it, and the
+    host span of every call made through `call`. Use as a context manager around the calls; `outside_calls` afterwards."""
 
-    KINDS = ("RUNTIME", "DRIVER", "CONCURRENT_KERNEL", "MEMCPY", "MEMSET")
+    KINDS = ("RUNTIME", "DRIVER")
 
     def __init__(self, device: torch.device):
         self.active = cupti is not None and device.type == "cuda"
         self.failure = ""  # why CUPTI refused to start, where it did
         self.spans: list[tuple[int, int]] = []
-        self._issuers: dict[int, tuple[int, int]] = {}  # correlation id -> (thread, start) of the issuing call
-        self._work: list[tuple[int, str]] = []  # (correlation id, what ran)
+        self._names: dict[tuple[int, int], str] = {}  # (record kind, function id) -> name, of the issuing functions
+        self.issued: list[Issued] = []  # every recorded call that issues GPU work, in the order read
         self._harness_thread = threading.get_native_id()
 
     @staticmethod
@@ -119,14 +125,15 @@ class LaunchAudit:
                 self._stop()
         return self
 
-    @staticmethod
-    def _record_issuing_apis_only() -> None:
-        for functions, enable in (
-            (cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
-            (cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
+    def _record_issuing_apis_only(self) -> None:
+        for kind, functions, enable in (
+            (cupti.ActivityKind.RUNTIME, cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
+            (cupti.ActivityKind.DRIVER, cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
         ):
             for function in functions:
-                if function.name not in _NOT_FUNCTIONS and not function.name.startswith(ISSUING_APIS):
+                if function.name.startswith(ISSUING_APIS):
+                    self._names[kind, function.value] = function.name
+                elif function.name not in _NOT_FUNCTIONS:
                     enable(function, 0)
 
     def _stop(self) -> None:
@@ -156,19 +163,9 @@ class LaunchAudit:
 
     def _read(self, activities: list) -> None:
         """CUPTI's buffer callback: keeps what the audit needs of each record (the buffer is reused after it)."""
-        api = (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER)
         for a in activities:
-            if a.kind in api:
-                self._issuers[a.correlation_id] = (a.thread_id, a.start)
-            elif a.kind == cupti.ActivityKind.CONCURRENT_KERNEL:
-                self._work.append((a.correlation_id, f"kernel {a.name[:80]}"))
-            elif a.kind in (cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET):
-                what = "copy" if a.kind == cupti.ActivityKind.MEMCPY else "fill"
-                self._work.append((a.correlation_id, f"{what} of {a.bytes} bytes"))
-
-    def issued(self) -> list[Issued]:
-        """Every GPU operation recorded whose issuing call was recorded too, in the order they were read."""
-        return [Issued(*self._issuers[correlation], work) for correlation, work in self._work if correlation in self._issuers]
+            if (name := self._names.get((a.kind, a.cbid))) is not None:
+                self.issued.append(Issued(a.thread_id, a.start, name))
 
     def outside_calls(self) -> list[Issued]:
-        return issued_outside_calls(self.issued(), self.spans, self._harness_thread)
+        return issued_outside_calls(self.issued, self.spans, self._harness_thread)

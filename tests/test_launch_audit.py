@@ -1,5 +1,5 @@
-"""The launch audit (harness.launch_audit): which GPU operations count as issued outside the calls, and what a run
-without CUPTI records. The audit itself runs on the H200 (tests/adversarial: finishes_on_native_thread)."""
+"""The launch audit (harness.launch_audit): which calls count as issuing GPU work outside the solution's calls, and what
+a run without CUPTI records. The audit itself runs on the H200 (tests/adversarial: finishes_on_native_thread)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,16 @@ CALLS = [(1_000, 2_000), (5_000, 6_000)]
 
 def test_only_another_threads_operations_between_calls_count() -> None:
     issued = [
-        Issued(HARNESS, 500, "fill of 4 bytes"),  # the harness before a call: its own
-        Issued(OTHER, 1_000, "kernel first"),  # another thread during a call (its first instant): the call's
-        Issued(OTHER, 2_000, "kernel last"),  # ... and its last instant
-        Issued(HARNESS, 3_000, "kernel check"),  # the harness between calls
-        Issued(OTHER, 2_001, "copy of 8 bytes"),  # another thread just after a call returned
-        Issued(OTHER, 7_000, "kernel late"),  # another thread after the last call
-        Issued(OTHER, 999, "kernel early"),  # another thread before the first call
+        Issued(HARNESS, 500, "cudaMemsetAsync"),  # the harness before a call: its own
+        Issued(OTHER, 1_000, "first"),  # another thread during a call (its first instant): the call's
+        Issued(OTHER, 2_000, "last"),  # ... and its last instant
+        Issued(HARNESS, 3_000, "check"),  # the harness between calls
+        Issued(OTHER, 2_001, "cuMemcpyDtoDAsync_v2"),  # another thread just after a call returned
+        Issued(OTHER, 7_000, "late"),  # another thread after the last call
+        Issued(OTHER, 999, "early"),  # another thread before the first call
     ]
     outside = issued_outside_calls(issued, CALLS, HARNESS)
-    assert [op.work for op in outside] == ["copy of 8 bytes", "kernel late", "kernel early"]
+    assert [op.function for op in outside] == ["cuMemcpyDtoDAsync_v2", "late", "early"]
 
 
 def test_spans_in_any_order() -> None:
@@ -39,11 +39,13 @@ def test_no_operations_or_no_calls() -> None:
     assert issued_outside_calls([Issued(OTHER, 1, "k")], [], HARNESS) == [Issued(OTHER, 1, "k")]
 
 
-def test_the_verdict_names_the_threads_and_the_first_operation() -> None:
+def test_the_verdict_names_the_threads_and_the_first_function() -> None:
     assert describe([]) == ""
-    message = describe([Issued(OTHER, 1, "copy of 8 bytes"), Issued(OTHER + 1, 2, "kernel k")])
-    assert message.startswith("2 GPU operations issued by thread 200, 201 while no call was running")
-    assert "(the first: copy of 8 bytes)" in message
+    message = describe([Issued(OTHER, 1, "cuStreamBatchMemOp_v2"), Issued(OTHER, 2, "cuLaunchKernel")])
+    assert message.startswith("2 calls issuing GPU work made by thread 200 while no call was running")
+    assert "(the first: cuStreamBatchMemOp_v2)" in message
+    many = describe([Issued(OTHER + i, i, "cuLaunchKernel") for i in range(5)])
+    assert many.startswith("5 calls issuing GPU work made by 5 threads (200, 201, 202, ...) while no call")
 
 
 def test_off_the_gpu_the_audit_records_nothing_and_says_so() -> None:
@@ -58,12 +60,12 @@ class FakeCupti:
     """What the audit uses of cupti-python, with the records of one workload handed over at the flush."""
 
     class ActivityKind(enum.IntEnum):
-        RUNTIME, DRIVER, CONCURRENT_KERNEL, MEMCPY, MEMSET = range(5)
+        RUNTIME, DRIVER = range(2)
 
     ActivityThreadIdType = SimpleNamespace(SYSTEM=1)
     ActivityFlag = SimpleNamespace(FLUSH_FORCED=1)
     runtime_api_trace_cbid = enum.IntEnum("runtime", "INVALID cudaLaunchKernel cudaGetDevice cudaMemcpyAsync")
-    driver_api_trace_cbid = enum.IntEnum("driver", "cuLaunchKernelEx cuCtxGetCurrent cuMemcpyDtoDAsync_v2")
+    driver_api_trace_cbid = enum.IntEnum("driver", "cuLaunchKernelEx cuCtxGetCurrent cuStreamBatchMemOp_v2")
 
     def __init__(self, records: list[SimpleNamespace], refuse: bool = False):
         self.records, self.refuse, self.clock = records, refuse, 0
@@ -101,22 +103,21 @@ class FakeCupti:
         self.finalized = True
 
 
-def record(kind: str, correlation: int, **fields) -> SimpleNamespace:
-    return SimpleNamespace(kind=FakeCupti.ActivityKind[kind], correlation_id=correlation, **fields)
+def record(kind: str, function: str, thread: int, start: int) -> SimpleNamespace:
+    functions = FakeCupti.runtime_api_trace_cbid if kind == "RUNTIME" else FakeCupti.driver_api_trace_cbid
+    return SimpleNamespace(kind=FakeCupti.ActivityKind[kind], cbid=functions[function].value, thread_id=thread, start=start)
 
 
-def test_the_audit_joins_each_operation_to_the_thread_that_issued_it(monkeypatch) -> None:
-    """Records as CUPTI hands them over: a call by the harness's thread during a call, one after it, and a native
-    thread's copy between the calls; the copy alone is found, described by its activity record."""
+def test_the_audit_keeps_the_calls_that_issue_work_with_their_threads(monkeypatch) -> None:
+    """Records as CUPTI hands them over: a launch by the harness's thread during a call and a copy after it, a native
+    thread's stream memory operation between the calls (work that leaves no kernel, copy or fill record), and a call
+    that issues nothing; the memory operation alone is found, named by its function."""
     harness = threading.get_native_id()
     fake = FakeCupti([
-        record("RUNTIME", 1, thread_id=harness, start=1_500),
-        record("CONCURRENT_KERNEL", 1, name="gemm"),
-        record("DRIVER", 2, thread_id=harness + 1, start=2_500),
-        record("MEMCPY", 2, bytes=512),
-        record("RUNTIME", 3, thread_id=harness, start=2_600),
-        record("MEMSET", 3, bytes=64),
-        record("CONCURRENT_KERNEL", 4, name="no issuing record"),
+        record("RUNTIME", "cudaLaunchKernel", harness, 1_500),
+        record("DRIVER", "cuStreamBatchMemOp_v2", harness + 1, 2_500),
+        record("RUNTIME", "cudaMemcpyAsync", harness, 2_600),
+        record("DRIVER", "cuCtxGetCurrent", harness + 1, 2_700),
     ])  # fmt: skip
     monkeypatch.setattr(launch_audit, "cupti", fake)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -126,8 +127,8 @@ def test_the_audit_joins_each_operation_to_the_thread_that_issued_it(monkeypatch
     with audit.call():  # after the audit: a call is no longer noted, and CUPTI's clock is not read
         pass
     assert audit.spans == [(1_000, 2_000)] and fake.clock == 2_000
-    assert [op.work for op in audit.issued()] == ["kernel gemm", "copy of 512 bytes", "fill of 64 bytes"]
-    assert audit.outside_calls() == [launch_audit.Issued(harness + 1, 2_500, "copy of 512 bytes")]
+    assert [op.function for op in audit.issued] == ["cudaLaunchKernel", "cuStreamBatchMemOp_v2", "cudaMemcpyAsync"]
+    assert audit.outside_calls() == [launch_audit.Issued(harness + 1, 2_500, "cuStreamBatchMemOp_v2")]
 
 
 def test_a_refused_audit_is_off_and_says_why(monkeypatch) -> None:

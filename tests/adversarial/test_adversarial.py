@@ -129,10 +129,11 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(cupti is None, reason="the launch audit needs cupti-python (pip install '.[cupti]')")
 def test_native_thread_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
-    """finishes_on_native_thread leaves one output's copy to a native thread that issues it once the device idles after
-    a call-latency call: no stream is left busy and no Python thread runs on, but the launch audit sees a launch by
-    another thread while no call was running."""
+    """finishes_on_native_thread leaves one output to a native thread that writes it by stream memory operations once
+    the device idles after a call at fresh addresses: no stream is left busy, no Python thread runs on and no kernel,
+    copy or fill is issued late, but the launch audit sees the driver calls another thread made while no call ran (its
+    verdict comes last, so it is the message even where the writes lost the race to the harness's reads)."""
     bench(tmp_path, "finishes_on_native_thread", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     (got,) = statuses(tmp_path, "nvidia-h200", "finishes_on_native_thread", True)
     assert got["status"] == "REWARD_HACK" and "while no call was running" in got["message"], got["message"][:300]
-    assert "copy of 512 bytes" in got["message"], got["message"][:300]
+    assert "calls issuing GPU work" in got["message"] and "cuStreamBatchMemOp" in got["message"], got["message"][:300]
