@@ -16,18 +16,29 @@ functions that issue work, which keeps its host cost to a few percent of a host-
 Without cupti-python (or off the GPU) the audit records nothing and says so (`LaunchAudit.method`); the results keep
 which it was (BenchConfig.launch_audit).
 
-What it cannot see: work issued by another process (through CUDA IPC handles); work the device issues itself (a launch
-from a kernel); and a solution's native code that tampers with CUPTI in its own process.
+Another process the solution starts can write the outputs too, through CUDA IPC handles, and CUPTI in this process
+does not see it. Such a process must hold a CUDA context of its own, ready when a call returns, so before every call
+at fresh addresses and at the end of the workload the audit asks NVML (the driver's management library, found by name
+at run time) which processes hold a context on the GPUs; one descended from this process is a verdict of its own
+(`describe_processes`). Compilers' worker processes open the device files but create no context (checked on the H200
+with torch.compile's max-autotune workers), so they are not listed.
+
+What it cannot see: work issued by a process that is not this one's descendant (one started through a server);
+work the device issues itself (a launch from a kernel); and a solution's native code that tampers with CUPTI or NVML
+in its own process.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import ctypes
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -88,6 +99,55 @@ def describe(outside: list[Issued]) -> str:
             f"{outside[0].function}): work left for after the call returned is outside the timed window")  # fmt: skip
 
 
+class _ProcessInfo(ctypes.Structure):
+    """NVML's nvmlProcessInfo_t (version 3 of nvmlDeviceGetComputeRunningProcesses)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("used_gpu_memory", ctypes.c_ulonglong), ("gpu_instance", ctypes.c_uint),
+                ("compute_instance", ctypes.c_uint)]  # fmt: skip
+
+
+def _load_nvml() -> ctypes.CDLL | None:
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:  # no NVIDIA driver here: the process watch is off
+        return None
+    return nvml if nvml.nvmlInit_v2() == 0 else None
+
+
+def gpu_processes(nvml: ctypes.CDLL) -> set[int]:
+    """The processes that hold a CUDA context on any of the machine's GPUs, by NVML."""
+    count, pids = ctypes.c_uint(), set()
+    nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+    for index in range(count.value):
+        device, listed = ctypes.c_void_p(), ctypes.c_uint(256)
+        infos = (_ProcessInfo * listed.value)()
+        if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(device)) == 0:
+            nvml.nvmlDeviceGetComputeRunningProcesses_v3(device, ctypes.byref(listed), infos)
+            pids.update(infos[i].pid for i in range(min(listed.value, len(infos))))
+    return pids
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process `pid` is a child, grandchild, ... of `ancestor` (by the parent ids in /proc)."""
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # gone, or not visible from here
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the command name, which may hold spaces
+        if pid == ancestor:
+            return True
+    return False
+
+
+def describe_processes(pids: set[int]) -> str:
+    """The verdict's message on descendant processes that held a CUDA context (empty where there were none)."""
+    if not pids:
+        return ""
+    return (f"process {', '.join(map(str, sorted(pids)))}, started by the solution, held a CUDA context of its own while "
+            "no call was running: another process can write the outputs (CUDA IPC) outside the timed window")  # fmt: skip
+
+
 class LaunchAudit:
     """Records, while active, every call of the process that issues GPU work, with the thread that made it, and the
     host span of every call made through `call`. Use as a context manager around the calls; `outside_calls` afterwards."""
@@ -97,6 +157,8 @@ class LaunchAudit:
     def __init__(self, device: torch.device):
         self.active = cupti is not None and device.type == "cuda"
         self.failure = ""  # why CUPTI refused to start, where it did
+        self._nvml = _load_nvml() if device.type == "cuda" else None
+        self.processes: set[int] = set()  # descendants seen holding a CUDA context
         self.spans: list[tuple[int, int]] = []
         self._names: dict[tuple[int, int], str] = {}  # (record kind, function id) -> name, of the issuing functions
         self.issued: list[Issued] = []  # every recorded call that issues GPU work, in the order read
@@ -107,9 +169,10 @@ class LaunchAudit:
         """How a run on `device` audits launches, as its results record it."""
         if device.type != "cuda":
             return "off: not on a GPU"
+        processes = "GPU processes by NVML" if _load_nvml() is not None else "GPU processes: off, NVML not found"
         if cupti is None:
-            return "off: cupti-python is not installed (pip install '.[cupti]')"
-        return f"cupti-python {metadata.version('cupti-python')}"
+            return f"off: cupti-python is not installed (pip install '.[cupti]'); {processes}"
+        return f"cupti-python {metadata.version('cupti-python')}; {processes}"
 
     def __enter__(self) -> Self:
         if self.active:
@@ -142,7 +205,14 @@ class LaunchAudit:
                 cupti.activity_disable(getattr(cupti.ActivityKind, kind))
         cupti.finalize()  # so that torch.profiler (harness.attribution) can take CUPTI over after this
 
+    def watch_processes(self) -> None:
+        """Notes the descendants of this process that hold a CUDA context now (call while no call runs)."""
+        if self._nvml is not None:
+            me = os.getpid()
+            self.processes.update(pid for pid in gpu_processes(self._nvml) if pid != me and descends_from(pid, me))
+
     def __exit__(self, *exc: object) -> None:
+        self.watch_processes()
         if self.active:
             torch.cuda.synchronize()
             cupti.activity_flush_all(cupti.ActivityFlag.FLUSH_FORCED)
@@ -169,3 +239,7 @@ class LaunchAudit:
 
     def outside_calls(self) -> list[Issued]:
         return issued_outside_calls(self.issued, self.spans, self._harness_thread)
+
+    def verdict(self) -> str:
+        """Why the workload is REWARD_HACK by the audit, or "": calls issuing work outside the calls, else processes."""
+        return describe(self.outside_calls()) or describe_processes(self.processes)

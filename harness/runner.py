@@ -35,7 +35,7 @@ import torch
 from harness import guards, provenance
 from harness.attribution import profile_kernels
 from harness.correctness import ALL_ZEROS, check_output
-from harness.launch_audit import LaunchAudit, describe
+from harness.launch_audit import LaunchAudit
 from harness.registry import Solution
 from harness.results import (
     BASELINE_SOLUTION,
@@ -579,9 +579,8 @@ class Bench:
             result = self._trials_and_timings(call, workload, index, pool, output_pool)
         if audit.failure:
             result.flags.append("NOT_AUDITED")
-        outside = describe(audit.outside_calls())
-        if outside:
-            result.status, result.message = Status.REWARD_HACK, outside
+        if verdict := audit.verdict():
+            result.status, result.message = Status.REWARD_HACK, verdict
         if self.options.kernels and self.device.type == "cuda" and result.call_latency is not None:
             prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, unpredictable_seeds())
             result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
@@ -713,6 +712,7 @@ class Bench:
             fill_inputs(drawn, dims, seed)
             guards.poison(buffers)
             checks.current = TimedCall(drawn, seed)
+            call.audit.watch_processes()  # a process that would write this call's outputs late is alive by now
 
         def timed_call(i: int) -> None:
             checks.current.outputs = call(checks.current.inputs, buffers)

@@ -4,13 +4,15 @@ a run without CUPTI records. The audit itself runs on the H200 (tests/adversaria
 from __future__ import annotations
 
 import enum
+import os
+import subprocess
 import threading
 from types import SimpleNamespace
 
 import torch
 
 from harness import launch_audit
-from harness.launch_audit import Issued, LaunchAudit, describe, issued_outside_calls
+from harness.launch_audit import Issued, LaunchAudit, descends_from, describe, issued_outside_calls
 
 HARNESS, OTHER = 100, 200
 CALLS = [(1_000, 2_000), (5_000, 6_000)]
@@ -138,3 +140,29 @@ def test_a_refused_audit_is_off_and_says_why(monkeypatch) -> None:
     with LaunchAudit(torch.device("cuda")) as audit, audit.call():
         pass
     assert not audit.active and "MULTIPLE_SUBSCRIBERS" in audit.failure and fake.finalized and audit.spans == []
+
+
+def test_a_child_process_descends_from_this_one() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert descends_from(child.pid, os.getpid()) and not descends_from(os.getpid(), child.pid)
+        assert not descends_from(2**22 + 1, os.getpid())  # no such process
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_descendant_holding_a_context_is_a_verdict(monkeypatch) -> None:
+    """Of the processes NVML lists, the harness's own and others' are passed over; a child of this process is kept."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        audit = LaunchAudit(torch.device("cpu"))
+        assert audit.verdict() == ""
+        monkeypatch.setattr(launch_audit, "gpu_processes", lambda nvml: {os.getpid(), child.pid, 1})
+        audit._nvml = object()  # as if NVML had loaded
+        audit.watch_processes()
+    finally:
+        child.kill()
+        child.wait()
+    assert audit.processes == {child.pid}
+    assert audit.verdict().startswith(f"process {child.pid}, started by the solution, held a CUDA context of its own")

@@ -137,3 +137,14 @@ def test_native_thread_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
     (got,) = statuses(tmp_path, "nvidia-h200", "finishes_on_native_thread", True)
     assert got["status"] == "REWARD_HACK" and "while no call was running" in got["message"], got["message"][:300]
     assert "calls issuing GPU work" in got["message"] and "cuStreamBatchMemOp" in got["message"], got["message"][:300]
+
+
+@pytest.mark.gpu
+def test_another_process_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
+    """finishes_in_another_process leaves one output to a child process that writes it through CUDA IPC in a context of
+    its own: the launch audit's look at the GPU's processes finds the child while no call is running."""
+    bench(tmp_path, "finishes_in_another_process", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
+    (got,) = statuses(tmp_path, "nvidia-h200", "finishes_in_another_process", True)
+    assert got["status"] == "REWARD_HACK" and "started by the solution, held a CUDA context" in got["message"], got["message"][
+        :300
+    ]
