@@ -142,7 +142,8 @@ def test_native_thread_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_another_process_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
     """finishes_in_another_process leaves one output to a child process that writes it through CUDA IPC in a context of
-    its own: the launch audit's look at the GPU's processes finds the child while no call is running."""
+    its own: the launch audit's look at the GPU's processes finds the child while no call is running (its verdict comes
+    last, so it is the message even where the writes landed after the harness's reads)."""
     bench(tmp_path, "finishes_in_another_process", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     (got,) = statuses(tmp_path, "nvidia-h200", "finishes_in_another_process", True)
     assert got["status"] == "REWARD_HACK" and "started by the solution, held a CUDA context" in got["message"], got["message"][

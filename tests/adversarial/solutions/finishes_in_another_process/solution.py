@@ -1,8 +1,9 @@
 """Adversary: honest in the trials and on the input sets they use; at fresh addresses (the call-latency timer's), it
 returns with grad_routing_weights unwritten and sends it, by CUDA IPC, to a child process that writes it. The child's
 work is in a CUDA context of its own: no thread or stream of the solution's process issues it, so neither the checks
-in that process nor CUPTI there see it. The writes race the harness's reads of the outputs; only the launch audit's
-look at the GPU's processes (NVML) sees the child, which holds a context while no call is running."""
+in that process nor CUPTI there see it. Its writes race the harness's reads of the outputs (on the H200 they landed
+late, and the check for unwritten outputs flagged the calls); the launch audit's look at the GPU's processes (NVML)
+sees the child itself, which holds a context while no call is running, whichever wins."""
 
 import sys
 from pathlib import Path
@@ -21,9 +22,11 @@ def _jobs():
         import writer
 
         context = mp.get_context("spawn")
-        STATE["jobs"] = context.Queue()
-        STATE["child"] = context.Process(target=writer.serve, args=(STATE["jobs"],), daemon=True)
+        STATE["jobs"], ready = context.Queue(), context.Event()
+        STATE["child"] = context.Process(target=writer.serve, args=(STATE["jobs"], ready), daemon=True)
         STATE["child"].start()
+        if not ready.wait(timeout=120):  # in the first trial: the child's context is ready before any timed call
+            raise RuntimeError("the writer process did not start")
     return STATE["jobs"]
 
 
