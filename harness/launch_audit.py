@@ -156,7 +156,7 @@ class LaunchAudit:
 
     def __init__(self, device: torch.device):
         self.active = cupti is not None and device.type == "cuda"
-        self.failure = ""  # why CUPTI refused to start, where it did
+        self.failure = ""  # why CUPTI refused to start, or the watch on GPU processes, where it did
         self._nvml = _load_nvml() if device.type == "cuda" else None
         self.processes: set[int] = set()  # descendants seen holding a CUDA context
         self.spans: list[tuple[int, int]] = []
@@ -206,10 +206,15 @@ class LaunchAudit:
         cupti.finalize()  # so that torch.profiler (harness.attribution) can take CUPTI over after this
 
     def watch_processes(self) -> None:
-        """Notes the descendants of this process that hold a CUDA context now (call while no call runs)."""
-        if self._nvml is not None:
-            me = os.getpid()
-            self.processes.update(pid for pid in gpu_processes(self._nvml) if pid != me and descends_from(pid, me))
+        """Notes the descendants of this process that hold a CUDA context now (call while no call runs, once this
+        process holds its own)."""
+        if self._nvml is None:
+            return
+        me, pids = os.getpid(), gpu_processes(self._nvml)
+        if me not in pids:  # NVML counts processes in another PID namespace (a container's host): the ids mean nothing here
+            self._nvml, self.failure = None, "NVML does not list this process: the watch on GPU processes is off"
+            return
+        self.processes.update(pid for pid in pids if pid != me and descends_from(pid, me))
 
     def __exit__(self, *exc: object) -> None:
         self.watch_processes()

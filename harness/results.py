@@ -118,7 +118,8 @@ class TrialReport(BaseModel):
 
 # Informational flags of a workload (never a failure). HOST_BOUND: the solution's host time to issue one call is longer
 # than its device time, so under the call-latency timer the GPU waits for the host. NOT_AUDITED: CUPTI refused the
-# launch audit on this workload (harness.launch_audit), so work issued outside the calls would have gone unseen.
+# launch audit on this workload, or NVML did not list the solution's process (harness.launch_audit), so work issued
+# outside the calls would have gone unseen.
 Flag = Literal["HOST_BOUND", "NOT_AUDITED"]
 
 

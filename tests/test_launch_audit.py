@@ -166,3 +166,13 @@ def test_a_descendant_holding_a_context_is_a_verdict(monkeypatch) -> None:
         child.wait()
     assert audit.processes == {child.pid}
     assert audit.verdict().startswith(f"process {child.pid}, started by the solution, held a CUDA context of its own")
+
+
+def test_a_watch_that_cannot_see_this_process_turns_itself_off(monkeypatch) -> None:
+    """In a container whose host NVML reports other process ids, the watch would compare unrelated ids: it stops, and
+    the workload is marked as not audited."""
+    monkeypatch.setattr(launch_audit, "gpu_processes", lambda nvml: {1, 2})
+    audit = LaunchAudit(torch.device("cpu"))
+    audit._nvml = object()
+    audit.watch_processes()
+    assert audit._nvml is None and "does not list this process" in audit.failure and audit.verdict() == ""
