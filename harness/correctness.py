@@ -57,7 +57,8 @@ def check_output(
         problems.append(f"{int(torch.isnan(actual).sum())} NaN (unwritten or invalid elements)")
     if has_inf:
         problems.append(f"{int(torch.isinf(actual).sum())} Inf")
-    if not bool(actual.any()) and bool(expected.any()):
+    all_zeros = not bool(actual.any()) and bool(expected.any())
+    if all_zeros:
         problems.append(ALL_ZEROS)
     if ratio < tol.required_matched_ratio:
         problems.append(f"matched ratio {ratio:.5f} < {tol.required_matched_ratio}")
@@ -72,4 +73,5 @@ def check_output(
         matched_ratio=ratio,
         has_nan=has_nan,
         has_inf=has_inf,
+        all_zeros=all_zeros,
     )

@@ -107,6 +107,7 @@ class OutputCheck(BaseModel):
     matched_ratio: float | None = None
     has_nan: bool = False
     has_inf: bool = False
+    all_zeros: bool = False  # no nonzero element where the reference has one (correctness.ALL_ZEROS)
 
 
 class TrialReport(BaseModel):

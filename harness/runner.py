@@ -34,7 +34,7 @@ import torch
 
 from harness import guards, provenance
 from harness.attribution import profile_kernels
-from harness.correctness import ALL_ZEROS, check_output
+from harness.correctness import check_output
 from harness.launch_audit import LaunchAudit
 from harness.registry import Solution
 from harness.results import (
@@ -175,7 +175,7 @@ LATE_WORK_TIMED_MIN = 3
 # they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
 # set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
 # on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong, or leaves an
-# output all zeros (correctness.ALL_ZEROS).
+# output all zeros (OutputCheck.all_zeros).
 GROSS_MISMATCH_RATIO = 0.9
 # Verdicts on the process's state rather than on one call: the harness repairs the state, but the
 # solution stays marked for the rest of the run (it may have changed the state at import time).
@@ -357,8 +357,8 @@ def check_outputs(
 def _grossly_wrong(check: OutputCheck) -> bool:
     if check.status is Status.PASSED:
         return False
-    return (check.has_nan or check.has_inf or check.matched_ratio is None or check.matched_ratio < GROSS_MISMATCH_RATIO
-            or ALL_ZEROS in check.message)  # fmt: skip
+    return (check.has_nan or check.has_inf or check.all_zeros or check.matched_ratio is None
+            or check.matched_ratio < GROSS_MISMATCH_RATIO)  # fmt: skip
 
 
 def compute_reference(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
