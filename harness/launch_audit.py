@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -106,24 +107,37 @@ class _ProcessInfo(ctypes.Structure):
                 ("compute_instance", ctypes.c_uint)]  # fmt: skip
 
 
-def _load_nvml() -> ctypes.CDLL | None:
+@dataclass(frozen=True)
+class _Nvml:
+    """NVML, initialised, with a handle on each of the machine's GPUs."""
+
+    library: ctypes.CDLL
+    devices: tuple[ctypes.c_void_p, ...]
+
+
+@functools.cache
+def _load_nvml() -> _Nvml | None:
+    """NVML, loaded and initialised once per process; None where there is no NVIDIA driver (the process watch is off)."""
     try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:  # no NVIDIA driver here: the process watch is off
+        library = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
         return None
-    return nvml if nvml.nvmlInit_v2() == 0 else None
+    count = ctypes.c_uint()
+    if library.nvmlInit_v2() != 0 or library.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        return None
+    devices = [ctypes.c_void_p() for _ in range(count.value)]
+    found = [d for i, d in enumerate(devices) if library.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(d)) == 0]
+    return _Nvml(library, tuple(found))
 
 
-def gpu_processes(nvml: ctypes.CDLL) -> set[int]:
+def gpu_processes(nvml: _Nvml) -> set[int]:
     """The processes that hold a CUDA context on any of the machine's GPUs, by NVML."""
-    count, pids = ctypes.c_uint(), set()
-    nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
-    for index in range(count.value):
-        device, listed = ctypes.c_void_p(), ctypes.c_uint(256)
+    pids = set()
+    for device in nvml.devices:
+        listed = ctypes.c_uint(256)
         infos = (_ProcessInfo * listed.value)()
-        if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(device)) == 0:
-            nvml.nvmlDeviceGetComputeRunningProcesses_v3(device, ctypes.byref(listed), infos)
-            pids.update(infos[i].pid for i in range(min(listed.value, len(infos))))
+        nvml.library.nvmlDeviceGetComputeRunningProcesses_v3(device, ctypes.byref(listed), infos)
+        pids.update(infos[i].pid for i in range(min(listed.value, len(infos))))
     return pids
 
 
