@@ -114,6 +114,7 @@ class TrialReport(BaseModel):
     seed: int
     status: Status
     message: str = ""
+    check: str = ""  # the reward-hack check whose verdict this is (harness.runner.REWARD_HACK_CHECKS), if any
     outputs: list[OutputCheck] = []
 
 

@@ -177,10 +177,6 @@ LATE_WORK_TIMED_MIN = 3
 # on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong, or leaves an
 # output all zeros (OutputCheck.all_zeros).
 GROSS_MISMATCH_RATIO = 0.9
-# Verdicts on the process's state rather than on one call: the harness repairs the state, but the
-# solution stays marked for the rest of the run (it may have changed the state at import time).
-PATCHED_FUNCTIONS = "replaced timing, synchronisation or harness functions"
-CHANGED_SETTINGS = "changed process-wide settings"
 
 
 # Taken when the harness is imported, before any solution is: a solution that replaces it is caught after the
@@ -230,7 +226,7 @@ def threads_still_running(e: CallEvidence) -> str:
 
 
 def _patched_message(replaced: list[str]) -> str:
-    return f"{PATCHED_FUNCTIONS}: {', '.join(replaced)}"
+    return f"replaced timing, synchronisation or harness functions: {', '.join(replaced)}"
 
 
 def patched_functions(e: CallEvidence) -> str:
@@ -245,7 +241,7 @@ def late_gpu_work(e: CallEvidence) -> str:
 
 
 def changed_settings(e: CallEvidence) -> str:
-    return f"{CHANGED_SETTINGS}: {', '.join(e.changed_settings)}" if e.changed_settings else ""
+    return f"changed process-wide settings: {', '.join(e.changed_settings)}" if e.changed_settings else ""
 
 
 def modified_inputs(e: CallEvidence) -> str:
@@ -278,6 +274,9 @@ REWARD_HACK_CHECKS: tuple[Callable[[CallEvidence], str], ...] = (
     subclass_outputs,
     aliased_outputs,
 )
+# The checks whose verdicts are on the process's state rather than on one call: the harness repairs the state, but
+# the solution stays marked for the rest of the run (it may have changed the state at import time).
+PROCESS_STATE_CHECKS = frozenset(check.__name__ for check in (patched_functions, changed_settings))
 
 
 def check_call(
@@ -335,9 +334,8 @@ def check_call(
                             late_work.sightings, guards.changed_settings(settings))  # fmt: skip
     guards.restore_numeric_settings(settings)
     for check in REWARD_HACK_CHECKS:
-        found = check(evidence)
-        if found:
-            return verdict(Status.REWARD_HACK, found)
+        if found := check(evidence):
+            return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []
     checks, status, message = check_outputs(workload, produced, compute_reference(snapshot))
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 
@@ -512,9 +510,7 @@ class Bench:
             result = self._base(workload, index, Status.REWARD_HACK, self._tainted)
         else:
             result = self.run_workload(self._call, workload, index)
-            if result.status is Status.REWARD_HACK and (
-                PATCHED_FUNCTIONS in result.message or CHANGED_SETTINGS in result.message
-            ):
+            if result.status is Status.REWARD_HACK and any(t.check in PROCESS_STATE_CHECKS for t in result.trials):
                 self._tainted = f"on an earlier workload: {result.message}"
         self._busy_seconds += time.perf_counter() - started
         return self.scorer.rescore(result)

@@ -95,6 +95,9 @@ def test_every_adversary_is_caught_on_cpu(tmp_path: Path) -> None:
         caught = [w for w in workloads if w["status"] != "PASSED"]
         if name in REASONS:
             assert all(REASONS[name] in w["message"] for w in caught), (name, caught[0]["message"])
+    # A verdict on the process's state names its check, which keeps the solution marked for the rest of the run.
+    first = statuses(tmp_path, "cpu", "enables_tf32")[0]
+    assert [t["check"] for t in first["trials"] if t["status"] == "REWARD_HACK"][:1] == ["changed_settings"]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU run; on the GPU the same holds for the public suite")
