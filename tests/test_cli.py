@@ -153,6 +153,16 @@ def test_plot_writes_figures(tmp_path: Path) -> None:
     assert figure.is_file() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_draws_the_committed_run(tmp_path: Path) -> None:
+    """The README's `harness plot --device nvidia-h200`: both figures from the committed results, the percent of SOL
+    too (the CPU's results have no SOL)."""
+    result = invoke("plot", "--device", "nvidia-h200", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    names = {"nvidia-h200-latency.png", "nvidia-h200-percent-of-sol.png"}
+    assert {p.name for p in tmp_path.iterdir()} == names
+    assert all((tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in names)
+
+
 def test_export_and_import_commands(tmp_path: Path) -> None:
     record = tmp_path / "record.json"
     result = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--device", "nvidia-h200")
