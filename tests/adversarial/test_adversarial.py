@@ -149,6 +149,5 @@ def test_another_process_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
     last, so it is the message even where the writes landed after the harness's reads)."""
     bench(tmp_path, "finishes_in_another_process", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     (got,) = statuses(tmp_path, "nvidia-h200", "finishes_in_another_process", True)
-    assert got["status"] == "REWARD_HACK" and "started by the solution, held a CUDA context" in got["message"], got["message"][
-        :300
-    ]
+    message = got["message"]
+    assert got["status"] == "REWARD_HACK" and "started by the solution, held a CUDA context" in message, message[:300]
