@@ -573,7 +573,7 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if last is not None and last.program.native(tensors):
         return
     p = call_context(tensors, plan, precise_dtype, stream_key)
-    if p.program.native is None or not p.program.native(tensors):
+    if p is last or p.program.native is None or not p.program.native(tensors):  # `last` refused these tensors already
         p.begin(tensors)
         _issue(p, plan)
         p.end()
