@@ -364,7 +364,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
         dx=TritonDx(tile=_DX_WIDE, split=2, to_rows=True),
-        schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True),
+        schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free.
     (1 << 30, Plan(

@@ -12,8 +12,10 @@ One module and one input set per workload: the plans differ only in what the var
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
 plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (L2 flushed before each call, a
-GPU spin ahead of each batch, so the host's launch time stays outside the events). Each invocation appends a provenance
-header and then its rows to --out (JSON lines), so several invocations can share one file.
+GPU spin ahead of each batch, so the host's launch time stays outside the events), or with --latency by its call-latency
+timer (the device idle at each call's start, every call's tensors copied to addresses of their own, as `harness bench`
+times the headline). Each invocation appends a provenance header and then its rows to --out (JSON lines), so several
+invocations can share one file.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
-from harness.timing import TimingConfig, time_device
+from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device
 from harness.workloads import load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
@@ -42,6 +44,20 @@ TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_s
 def gpu_time_us(fn, config: TimingConfig = TIMING) -> float:
     """Mean of the harness's CUDA-event timer over calls of fn on one input set."""
     return time_device(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
+
+
+def latency_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIMING) -> float:
+    """Mean call latency of backward(*tensors) by the harness's timer: each call on an idle device, with copies of
+    `tensors` at addresses no earlier call used (made outside the timed window)."""
+    fresh = FreshAddresses(tensors, config.warmup_calls + config.max_calls)
+    views: list[torch.Tensor] = []
+
+    def prepare(i: int) -> None:
+        views[:] = fresh.at(i)
+        for view, tensor in zip(views, tensors):
+            view.copy_(tensor)
+
+    return time_call_latency(lambda _: backward(*views), prepare, torch.device("cuda"), config)[0].mean_us
 
 
 def parse_variant(text: str) -> tuple[str, str]:
@@ -76,6 +92,7 @@ def main() -> None:
         help="'name: expression' (repeatable; none: the plan alone, as a baseline for another tree)",
     )
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--latency", action="store_true", help="time call latency at fresh addresses, not device time")
     parser.add_argument("--out", default="plan_ab.jsonl")
     args = parser.parse_args()
 
@@ -111,9 +128,20 @@ def main() -> None:
         with out.open("a") as handle:
             for rep in range(args.reps):
                 for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
-                    us = gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
+                    if args.latency:
+                        us = latency_us(functools.partial(module.backward, plan=plan), arguments)
+                    else:
+                        us = gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
                     times[name].append(us)
-                    row = {"index": index, "B": dims.batch_seq_len, "T": dims.num_tokens, "variant": name, "rep": rep, "us": us}
+                    row = {
+                        "index": index,
+                        "B": dims.batch_seq_len,
+                        "T": dims.num_tokens,
+                        "variant": name,
+                        "rep": rep,
+                        "timer": "call_latency" if args.latency else "device",
+                        "us": us,
+                    }
                     handle.write(json.dumps(row) + "\n")
         for name, values in times.items():
             print(
