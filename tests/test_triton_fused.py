@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import sys
 import weakref
 from pathlib import Path
@@ -49,6 +50,26 @@ DH_WIDE = (128, 256, 64, 8, 4, 4)
 DX_WIDE = (128, 256, 64, 8, 4)
 WGRAD_WIDE = (128, 256, 64, 8, 3, 1, 1, True)
 WGRAD_PAIR = (128, 128, 64, 4, 3, 1, 2, True)
+
+
+def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
+    """tools/plan_ab.py --latency: every timed call gets copies of the tensors, at addresses no other call had."""
+    tool = Path(__file__).resolve().parent.parent / "solutions" / "triton_fused" / "tools" / "plan_ab.py"
+    spec = importlib.util.spec_from_file_location("plan_ab", tool)
+    plan_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan_ab)
+    tensors = [torch.arange(6.0).view(2, 3), torch.ones(5, dtype=torch.int32)]
+    seen: list[tuple[int, ...]] = []
+
+    def backward(*views: torch.Tensor) -> None:
+        assert all(torch.equal(view, tensor) for view, tensor in zip(views, tensors))
+        seen.append(tuple(view.data_ptr() for view in views))
+
+    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
+    assert plan_ab.latency_us(backward, tensors, config) > 0
+    addresses = [address for call in seen for address in call]
+    assert len(seen) == 5 and len(set(addresses)) == len(addresses)
+    assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:

@@ -57,7 +57,7 @@ def latency_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIM
         for view, tensor in zip(views, tensors):
             view.copy_(tensor)
 
-    return time_call_latency(lambda _: backward(*views), prepare, torch.device("cuda"), config)[0].mean_us
+    return time_call_latency(lambda _: backward(*views), prepare, tensors[0].device, config)[0].mean_us
 
 
 def parse_variant(text: str) -> tuple[str, str]:
