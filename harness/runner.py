@@ -300,9 +300,6 @@ def check_call(
     settings = pristine.settings
     events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if device.type == "cuda" else None
 
-    def verdict(status: Status, message: str) -> tuple[TrialReport, list[object]]:
-        return TrialReport(seed=seed, status=status, message=message), []
-
     def call_once() -> tuple[list[object], list[str], float, float, list[str]]:
         guards.poison(outputs)
         _synchronize(device)
@@ -328,7 +325,7 @@ def check_call(
     except Exception as exc:  # noqa: BLE001 - a solution's failure of any kind is a result, not a crash of the harness
         pristine.patched()
         guards.restore_numeric_settings(settings)
-        return verdict(Status.RUNTIME_ERROR, _describe_exception(exc))
+        return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=_describe_exception(exc)), []
 
     evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
                             late_work.sightings, guards.changed_settings(settings))  # fmt: skip
