@@ -11,7 +11,7 @@ tensor cores idle (docs/performance.md). Here three groups of warps share each S
   hands it over in fp16 through shared memory, then starts on its next tile at once;
 - two epilogue warps take the previous tile's dh from the handoff buffer, ACT_WIDTH columns at a time, with the
   three activation blocks of those columns loaded by TMA (ACT_BUFFERS pieces in flight), and store d_a and d_up in
-  fp16 and in bf16 with plain stores.
+  fp16, and in bf16 where the plan's dx reads that copy (LOW_COPY), with plain stores.
 
 So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
 plans use this kernel from T = 257, with 128 x 128 tiles up to T = 1024 so that every program has several. The register file bounds the layout: the 64 x 256 fp32 accumulator of each
@@ -127,11 +127,11 @@ def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, ac
 
 @gluon.jit
 def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready,
-                     dd, dd_low, T, F, ROWS):  # fmt: skip
+                     dd, dd_low, T, F, ROWS, LOW_COPY: gl.constexpr):  # fmt: skip
     """Epilogue partition: d_a = dh * up * silu'(a) (from w1_output) and d_up = dh * gate in fp32, ACT_WIDTH columns
-    at a time, stored into dd = [d_a | d_up] (fp16) and dd_low (bf16), (ROWS, 2F) row-major. Every row of a tile is
-    stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA zero-fills the activations
-    past row T), because the weight gradients read them."""
+    at a time, stored into dd = [d_a | d_up] (fp16) and, with LOW_COPY, dd_low (bf16), (ROWS, 2F) row-major. Every
+    row of a tile is stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA zero-fills
+    the activations past row T), because the weight gradients read them."""
     PIECES: gl.constexpr = handoff.shape[0]
     BLOCK_M: gl.constexpr = handoff.shape[1]
     WIDTH: gl.constexpr = handoff.shape[2]
@@ -166,8 +166,9 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
         out = rows[:, None] * (2 * F) + cols[None, :]
         gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
         gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
-        gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
-        gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
+        if LOW_COPY:
+            gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
+            gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
 
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
@@ -177,10 +178,11 @@ def dh_swiglu_ws_kernel(
     STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, BLOCK_N] (descriptors)
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
     WAIT_FOR_GATHER: gl.constexpr,  # launched as a programmatic dependent of the gather (see _load_operands)
+    LOW_COPY: gl.constexpr,  # also store dd_low: Triton's and the swap-AB dx read it, the Gluon dx converts dd itself
     num_warps: gl.constexpr,  # 8: the product warps
 ):  # fmt: skip
-    """dd = [d_a | d_up] and its bf16 copy dd_low from dh = diag(w) (g @ w2), persistent programs (one per SM, or as
-    few as keep the busiest one's tile count; the launcher decides) walking the 128 x BLOCK_N tiles
+    """dd = [d_a | d_up] (and with LOW_COPY its bf16 copy dd_low) from dh = diag(w) (g @ w2), persistent programs (one
+    per SM, or as few as keep the busiest one's tile count; the launcher decides) walking the 128 x BLOCK_N tiles
     `program_id, program_id + programs, ...`, token tile fastest (each byte of w2 from HBM once). g is the gathered,
     zero-padded copy of the T rows (ROWS of them); the activations are the (T, F) inputs.
 
@@ -208,7 +210,7 @@ def dh_swiglu_ws_kernel(
             (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
             (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_FOR_GATHER)),
             (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
-                                act_ready, dd, dd_low, T, F, ROWS)),
+                                act_ready, dd, dd_low, T, F, ROWS, LOW_COPY)),
         ],
         [1, 2],  # loader warp, epilogue warps
         [24, 184],  # their registers: the loader needs few, the epilogue's fp32 pieces many

@@ -223,10 +223,6 @@ class Plan:
             raise ValueError("grad_w13 is None exactly where dx is FusedDxGradW13, which computes grad_w1/grad_w3 with dx")
         if fused and (any(s.dx_on_side) or s.grad_w13_on_side or s.scatter_at != "end" or s.zeros_at == "after_dx"):
             raise ValueError("dx with grad_w1/grad_w3 runs behind dh on the caller's stream, and scatter last")
-        if isinstance(self.dh, GluonDh) and isinstance(self.dx, GluonDx):
-            raise ValueError(  # noqa: TRY004 - a combination of kernels that cannot run, not an argument of a wrong type
-                "the Gluon dx needs Triton's dh: the Gluon dh writes the bf16 copy of dd for the other dx kernels"
-            )
         if self.to_rows and (s.dx_on_side[0] != s.dx_on_side[1] or s.scatter_at != "end"):
             raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch on one stream "
                              "(equal dx_on_side) and leaves no scatter (scatter_at 'end')")  # fmt: skip
@@ -244,9 +240,9 @@ class Plan:
 
     @property
     def low_copy(self) -> bool:
-        """Whether dh writes dd_low, the bf16 copy of dd: Triton's dx and the swap-AB dx read it, and the Gluon dh always
-        writes it."""
-        return isinstance(self.dh, GluonDh) or isinstance(self.dx, (TritonDx, SwapAbDx))
+        """Whether dh writes dd_low, the bf16 copy of dd: Triton's dx and the swap-AB dx read it; the Gluon dx and the
+        fused dx with grad_w1/grad_w3 read the fp16 dd."""
+        return isinstance(self.dx, (TritonDx, SwapAbDx))
 
     def dx_k_step(self) -> int:
         """dx's K step (of F)."""
