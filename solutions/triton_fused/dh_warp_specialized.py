@@ -158,7 +158,11 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
         gate = gate_bufs.index(b).load(layout).to(gl.float32)
         s = 1.0 / (1.0 + gl.exp(-a))
         grad_a = dh * up * s * (1.0 + a * (1.0 - s))
-        grad_up = dh * gate
+        # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
+        # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:
+        # wrong in the last place where |gate| is below fp16's normal range, inf above 65504.
+        grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
+                                            pack=1)  # fmt: skip
         tile = gl.program_id(0) + (j // PIECES) * gl.num_programs(0)
         rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         cols = (tile // num_m) * (WIDTH * PIECES) + piece * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
