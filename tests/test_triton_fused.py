@@ -221,7 +221,6 @@ def test_x16_and_zeros_placements(interpreted, x16_at: str, zeros_at: str) -> No
         ({"zeros_at": "after_gather"}, "zeros_at must be one of"),
         ({"scatter_at": "first"}, "scatter_at must be one of"),
         ({"zeros_at": "after_dx", "dx_on_side": (False, True)}, "zeros_at 'after_dx'"),
-        ({"scatter_at": "after_dx", "dx_on_side": (True, False)}, "scatter_at 'after_dx'"),
     ],
 )
 def test_impossible_schedule_is_refused(interpreted, changes: dict, message: str) -> None:
@@ -337,14 +336,6 @@ def test_dx_into_rows_refuses_what_it_cannot_run(interpreted, changes: dict, mes
     plan = small_plan(interpreted, dx_split=1)
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(with_schedule(plan, **changes), dx=dataclasses.replace(plan.dx, to_rows=True))
-
-
-def test_scatter_right_behind_dx(interpreted) -> None:
-    """Schedule.scatter_at 'after_dx': scatter behind both halves of dx on the caller's stream gives the reference's
-    outputs."""
-    dims = Dims(37, 19, 32, 128)
-    plan = with_schedule(small_plan(interpreted), grad_w13_on_side=True, scatter_at="after_dx")
-    assert_match_in_float32(*run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan))
 
 
 def test_half_precision_path(interpreted) -> None:

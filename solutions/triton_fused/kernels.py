@@ -30,8 +30,8 @@ and beside them, on a second stream (the launcher orders the two with events):
                             T = 385 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
                             64 < T <= 128 the fused Gluon kernel above, on the caller's stream, and at
                             128 < T <= 384 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
-                            (tokens on wgmma's N side) up to T = 224 and from T = 257, dx_warp_specialized.py's
-                            (over the fp16 dd) at 224 < T <= 256
+                            (tokens on wgmma's N side) up to T = 224, dx_warp_specialized.py's (over the fp16 dd)
+                            at 224 < T <= 384
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose

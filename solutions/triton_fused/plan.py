@@ -167,7 +167,7 @@ Dx = TritonDx | GluonDx | SwapAbDx | FusedDxGradW13
 
 X16At = Literal["start", "after_gather", "after_dh"]
 ZerosAt = Literal["start", "after_grad_w2", "after_dh", "after_dx"]
-ScatterAt = Literal["end", "side", "after_dx"]
+ScatterAt = Literal["end", "side"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,8 +186,8 @@ class Schedule:
     zeros_at: ZerosAt = "start"
     dx_on_side: tuple[bool, bool] = (False, False)  # dx's w1 half, its w3 half (one launch takes both where they agree)
     grad_w13_on_side: bool = False
-    # scatter: last on the caller's stream ("end"), on the side stream once dx is done ("side", beside
-    # grad_w1/grad_w3), or on the caller's stream right behind dx ("after_dx")
+    # scatter: last on the caller's stream ("end"), or on the side stream once dx is done ("side", beside
+    # grad_w1/grad_w3)
     scatter_at: ScatterAt = "end"
     # dh issued right behind the gather, ahead of the side stream's launches (x16, grad_w2, the zeros), so that a call
     # made on an idle GPU starts dh as soon as the gather ends rather than once the host has issued those (where dh
@@ -202,8 +202,6 @@ class Schedule:
             raise ValueError(
                 "zeros_at 'after_dx' runs the zeros behind dx on the caller's stream: both halves of dx must be there"
             )
-        if self.scatter_at == "after_dx" and any(self.dx_on_side):
-            raise ValueError("scatter_at 'after_dx' runs scatter behind both halves of dx on the caller's stream")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,22 +335,21 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
         schedule=Schedule(grad_w13_on_side=True),
     )),
-    # From here the Gluon dh, right behind the gather; dx first after it, grad_w1/grad_w3 beside dx.
+    # From here the Gluon dh, right behind the gather; dx first after it, grad_w1/grad_w3 beside dx. Up to 384 the
+    # Gluon dx over the fp16 dd, into the selected rows: dh writes no bf16 copy and no scatter ends the call.
     (320, Plan(
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=SwapAbDx(chunks=(256, 64), stages=3, split=2),
-        schedule=Schedule(x16_at="after_gather", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx",
-                          dh_behind_gather=True),
+        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        schedule=Schedule(x16_at="after_gather", zeros_at="after_dh", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     (384, Plan(
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=SwapAbDx(chunks=(256, 128), stages=3, split=2),
-        schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, scatter_at="after_dx",
-                          dh_behind_gather=True),
+        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     # dx into the selected rows, no scatter; the zeros behind dx, out of the side stream's way.
     (1024, Plan(

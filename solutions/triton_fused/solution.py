@@ -643,7 +643,7 @@ def _issue(p: Problem, plan: Plan) -> None:
     else:
         _dx_and_grad_w13(p, plan, side, caller, dh_done, side_operands_ready, scatter_on_side)
     p.wait(caller, p.recorded_event(side))
-    if not (scatter_on_side or s.scatter_at == "after_dx" or plan.to_rows):
+    if not (scatter_on_side or plan.to_rows):
         scatter(p)
 
 
@@ -659,15 +659,11 @@ def _dh_behind_gather(p: Problem, plan: Plan, caller: torch.cuda.Stream | None) 
 def _dx_and_grad_w13(p: Problem, plan: Plan, side: torch.cuda.Stream | None, caller: torch.cuda.Stream | None,
                      dh_done: torch.cuda.Event | None, side_operands_ready: torch.cuda.Event | None,
                      scatter_on_side: bool) -> None:  # fmt: skip
-    """dx's halves and grad_w1/grad_w3 (and scatter, where the schedule puts it on the side stream or right behind dx)
-    as separate stages, on the streams the schedule names, once dh is done (dh_done) and x16 is written
-    (side_operands_ready)."""
+    """dx's halves and grad_w1/grad_w3 (and scatter, where the schedule puts it on the side stream) as separate
+    stages, on the streams the schedule names, once dh is done (dh_done) and x16 is written (side_operands_ready)."""
     s = plan.schedule
     on_side = [half for half in (0, 1) if side is not None and s.dx_on_side[half]]
     dx(p, plan.dx, [half for half in (0, 1) if half not in on_side])
-    if s.scatter_at == "after_dx":
-        p.wait(caller, side_operands_ready)  # the routing sums
-        scatter(p)
     if s.zeros_at == "after_dx":
         zero_unselected(p)
     caller_dx_done = p.recorded_event(caller) if scatter_on_side else None
