@@ -15,8 +15,8 @@ streams. On the caller's stream:
                             the warp-specialised Gluon kernel of weight_grad_warp_specialized.py takes its place
                             (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
-                            their entries of grad_routing_weights; where dx stores the rows itself (dx_kernel from
-                            T = 385, the Gluon dx at 224 < T <= 256), only the latter, on the second stream right
+                            their entries of grad_routing_weights; where dx stores the rows itself (the Gluon dx
+                            at 224 < T <= 1024, dx_kernel above), only the latter, on the second stream right
                             behind routing_x16_kernel
 
 and beside them, on a second stream (the launcher orders the two with events):
@@ -27,11 +27,11 @@ and beside them, on a second stream (the launcher orders the two with events):
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 1024)
 - `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); from
-                            T = 385 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
+                            T = 1025 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
                             64 < T <= 128 the fused Gluon kernel above, on the caller's stream, and at
-                            128 < T <= 384 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
+                            128 < T <= 1024 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
                             (tokens on wgmma's N side) up to T = 224, dx_warp_specialized.py's (over the fp16 dd)
-                            at 224 < T <= 384
+                            at 224 < T <= 1024
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose

@@ -335,7 +335,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
         schedule=Schedule(grad_w13_on_side=True),
     )),
-    # From here the Gluon dh, right behind the gather; dx first after it, grad_w1/grad_w3 beside dx. Up to 384 the
+    # From here the Gluon dh, right behind the gather; dx first after it, grad_w1/grad_w3 beside dx. Up to 1024 the
     # Gluon dx over the fp16 dd, into the selected rows: dh writes no bf16 copy and no scatter ends the call.
     (320, Plan(
         dh=_GLUON_DH_SMALL_TILES,
@@ -351,12 +351,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
         schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, dh_behind_gather=True),
     )),
-    # dx into the selected rows, no scatter; the zeros behind dx, out of the side stream's way.
+    # The zeros behind dx, out of the side stream's way.
     (1024, Plan(
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=TritonDx(tile=_DX_WIDE, split=2, to_rows=True),
+        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
         schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free.
