@@ -16,6 +16,8 @@ from harness.cli import app
 from harness.registry import discover
 from tests.conftest import HAS_CUDA
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
+
 runner = CliRunner()
 pytestmark = pytest.mark.skipif(HAS_CUDA, reason="exercises the CPU fallback, which a GPU machine does not take")
 
@@ -150,7 +152,7 @@ def test_plot_writes_figures(tmp_path: Path) -> None:
     result = invoke("plot", "--results-dir", str(tmp_path), "--out", str(tmp_path / "figures"))
     assert result.exit_code == 0, result.output
     figure = tmp_path / "figures" / "cpu-latency.png"
-    assert figure.is_file() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert figure.is_file() and figure.read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_plot_draws_the_committed_run(tmp_path: Path) -> None:
@@ -160,7 +162,7 @@ def test_plot_draws_the_committed_run(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     names = {"nvidia-h200-latency.png", "nvidia-h200-percent-of-sol.png"}
     assert {p.name for p in tmp_path.iterdir()} == names
-    assert all((tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in names)
+    assert all((tmp_path / name).read_bytes().startswith(PNG_SIGNATURE) for name in names)
 
 
 def test_export_and_import_commands(tmp_path: Path) -> None:
