@@ -548,7 +548,7 @@ def test_each_bucket_compiles_once() -> None:
         (Dims(997, 128), Dims(1024, 128), Dims(700, 65)),
         (Dims(1571, 196), Dims(1721, 215), Dims(700, 129)),  # the swap-AB dx
         (Dims(4096, 256), Dims(2053, 256), Dims(600, 225)),
-        (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the Gluon dx up to 384
+        (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the Gluon dx up to 1024
         (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
         (Dims(3967, 496), Dims(1200, 385), Dims(4096, 1024)),
         (Dims(4096, 2048), Dims(2048, 1025), Dims(3000, 1501)),
