@@ -309,15 +309,11 @@ def test_split_k_partials_sum_in_fixed_order(interpreted, dx_split: int) -> None
 
 @pytest.mark.parametrize("dims", [Dims(37, 19, 32, 192), Dims(16, 16, 32, 96)], ids=lambda d: f"T{d.num_tokens}")
 def test_dx_into_the_selected_rows(interpreted, dims: Dims) -> None:
-    """dx in one launch over both halves into the selected rows (TritonDx.to_rows: unsplit, or the last of a tile's
-    split programs adds the partials; no scatter, the routing weights finished behind routing_x16): every output
-    matches the reference, the unselected rows are zeros, on one stream or with dx on the side stream, and with the
-    gather first on the side stream where dh gathers its own rows (the 256 bucket's layout: dx's arrival counters,
-    which the gather zeroes, are then another stream's)."""
-    layouts = ((1, (False, False), False), (1, (True, True), False), (2, (True, True), False), (3, (False, False), False),
-               (2, (False, False), True))  # fmt: skip
-    for dx_split, dx_on_side, dh_gathers_rows in layouts:
-        plan = small_plan(interpreted, dx_split=dx_split)
+    """dx in one unsplit launch over both halves into the selected rows (TritonDx.to_rows; no scatter, the routing
+    weights finished behind routing_x16): every output matches the reference, the unselected rows are zeros, on one
+    stream or with dx on the side stream, and with the gather first on the side stream where dh gathers its own rows."""
+    for dx_on_side, dh_gathers_rows in (((False, False), False), ((True, True), False), ((False, False), True)):
+        plan = small_plan(interpreted, dx_split=1)
         plan = dataclasses.replace(
             with_schedule(plan, dx_on_side=dx_on_side),
             dx=dataclasses.replace(plan.dx, to_rows=True),
@@ -336,6 +332,11 @@ def test_dx_into_rows_refuses_what_it_cannot_run(interpreted, changes: dict, mes
     plan = small_plan(interpreted, dx_split=1)
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(with_schedule(plan, **changes), dx=dataclasses.replace(plan.dx, to_rows=True))
+
+
+def test_triton_dx_into_rows_refuses_a_split(interpreted) -> None:
+    with pytest.raises(ValueError, match="unsplit"):
+        dataclasses.replace(small_plan(interpreted, dx_split=2).dx, to_rows=True)
 
 
 def test_half_precision_path(interpreted) -> None:
@@ -571,7 +572,7 @@ def test_each_bucket_compiles_once() -> None:
 def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
     """The kernels reduce in a fixed order, so every call must give the same bits and write every element.
     A race between a TMA load and its consumer (seen with some dx tiles, docs/performance.md) would not, nor would
-    dx's arrival counters (T = 496: the last of a tile's split programs adds the partials) or grad_w2's tile-claim
+    dx's arrival counters (T = 496: the last of a tile's two programs adds the partials) or grad_w2's tile-claim
     counter (T = 196, 496) left unreset by a call."""
     run = get_solution("triton_fused").load_entry_point()
     inputs = generate_inputs(dims, 0, "cuda")

@@ -86,8 +86,8 @@ def gather_kernel(
     once the last of these programs has started, before the end of the grid releases anything on other streams.
 
     The first COUNTERS programs (at most rows x column blocks) each set one int32 of `counters` to zero: the call's
-    counters that later kernels count up (the Gluon weight gradient's tile claims, dx's arrivals), zeroed by the
-    first kernel of the call rather than by a launch of their own.
+    counters that later kernels count up (the Gluon weight gradient's tile claims, the Gluon dx's arrivals), zeroed by
+    the first kernel of the call rather than by a launch of their own.
     """
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()
@@ -306,12 +306,12 @@ def weight_grad_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def dx_kernel(
-    a, b, a_up, b_up, partials, arrivals, token_indices, grad_hidden_states,
+    a, b, a_up, b_up, partials, token_indices, grad_hidden_states,
     T, N, K_PER_SPLIT, FIRST_PARTIAL,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # hidden columns per tile
     BLOCK_K: tl.constexpr,  # ffn rows per step; K_PER_SPLIT % BLOCK_K == 0
-    TO_ROWS: tl.constexpr,  # both halves in one launch, into the selected rows of grad_hidden_states (below)
+    TO_ROWS: tl.constexpr,  # both halves in one unsplit launch, into the selected rows of grad_hidden_states (below)
 ):  # fmt: skip
     """partials[FIRST_PARTIAL + s] = a[:, Ks] @ b[Ks] for the s-th slice Ks (axis 1 of the grid) of the K range.
 
@@ -326,13 +326,9 @@ def dx_kernel(
     partial, as large as the rounding of dx itself and far inside the tolerance. Plain masked stores: a tile
     staged for a TMA store would take the pipeline's shared memory.
 
-    With TO_ROWS a single launch takes both halves: slice s of (a, b) then the same slice of (a_up, b_up), in two K
-    loops over one accumulator, and the tile's rows end up in rows token_indices[t] of grad_hidden_states, rounded
-    once to bf16, with no scatter_kernel at the end of the call. Unsplit, a
-    program stores them itself. Split, each program stores its partial, then counts itself in on the tile's
-    arrivals counter (an int32 atomic, acquire-release, after a barrier of the program's threads), and the last to
-    arrive adds the tile's partials in fixed order, as scatter_kernel would (deterministic whatever the order of
-    arrival) and stores the rows. The counters are the call's, zeroed by gather_kernel.
+    With TO_ROWS a single unsplit launch takes both halves: (a, b) then (a_up, b_up), in two K loops over one
+    accumulator, and each program stores its tile's rows into rows token_indices[t] of grad_hidden_states, rounded
+    once to bf16, with no scatter_kernel at the end of the call (partials is then unused).
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -347,25 +343,14 @@ def dx_kernel(
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
     mask = (rows < T)[:, None] & (cols < N)[None, :]
-    partial = partials + ((FIRST_PARTIAL + split) * T + rows)[:, None] * N + cols[None, :]
     if TO_ROWS:
         for k in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
             acc = tl.dot(a_up.load([off_m, k]), b_up.load([k, off_n]), acc)
         selected = tl.load(token_indices + rows, mask=rows < T, other=0)
         out = grad_hidden_states + selected[:, None] * N + cols[None, :]
-        splits = tl.num_programs(1)
-        if splits == 1:
-            tl.store(out, acc.to(grad_hidden_states.dtype.element_ty), mask=mask)
-        else:
-            tl.store(partial, acc.to(partials.dtype.element_ty), mask=mask)
-            tl.debug_barrier()  # every thread's part of the partial is stored before the count is released
-            if tl.atomic_add(arrivals + pid, 1, sem="acq_rel", scope="gpu") == splits - 1:
-                total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                for s in range(splits):
-                    theirs = partials + (s * T + rows)[:, None] * N + cols[None, :]
-                    total += tl.load(theirs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-                tl.store(out, total.to(grad_hidden_states.dtype.element_ty), mask=mask)
+        tl.store(out, acc.to(grad_hidden_states.dtype.element_ty), mask=mask)
     else:
+        partial = partials + ((FIRST_PARTIAL + split) * T + rows)[:, None] * N + cols[None, :]
         tl.store(partial, acc.to(partials.dtype.element_ty), mask=mask)
 
 

@@ -115,18 +115,23 @@ WeightGrad = TritonWeightGrad | GluonWeightGrad
 @dataclass(frozen=True, kw_only=True)
 class TritonDx:
     """dx by Triton's dx_kernel over the bf16 copy of dd: one launch per half of K (d_a @ w1, d_up @ w3) into split-K
-    partials that the scatter sums, or with to_rows one launch over both halves whose tiles end in the selected rows
-    of grad_hidden_states (the last of a tile's split programs adding the partials): no scatter then."""
+    partials that the scatter sums, or with to_rows one unsplit launch over both halves whose programs store their
+    tiles into the selected rows of grad_hidden_states: no scatter then."""
 
     tile: Tile
     split: int  # split-K factor per half (an upper bound: reduced until its slices are whole K steps of F)
     to_rows: bool = False
 
+    def __post_init__(self) -> None:
+        if self.to_rows and self.split != 1:
+            raise ValueError(f"Triton's dx into the rows runs unsplit, each program over all of K: split 1, not {self.split}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class GluonDx:
     """dx by the warp-specialised Gluon kernel (dx_warp_specialized.py): one launch over K = 2F that reads the fp16 dd
-    and rounds it to bf16 in registers, so dh writes no bf16 copy; to_rows as for TritonDx."""
+    and rounds it to bf16 in registers, so dh writes no bf16 copy. With to_rows no scatter ends the call: the last of a
+    tile's programs (one per slice of each half) to arrive adds their partials and stores the selected rows."""
 
     tile: Tile
     split: int
@@ -298,6 +303,7 @@ def weight_grad_steps(tokens: int) -> tuple[int, int]:
 _DX_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
 _DH_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, epilogue_split=4)
 _GLUON_DH_SMALL_TILES = GluonDh(block_k=64, stages=5, act_width=16, act_buffers=2, block_n=128, after_gather=True)
+_GLUON_DX_INTO_ROWS = GluonDx(tile=_DX_WIDE, split=1, to_rows=True)
 
 # (largest T of the bucket, plan); the last bucket takes every larger T.
 PLANS: tuple[tuple[int, Plan], ...] = (
@@ -332,7 +338,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dh=TritonDh(_DH_WIDE, gathers_rows=True),
         grad_w2=GluonWeightGrad(dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        dx=_GLUON_DX_INTO_ROWS,
         schedule=Schedule(grad_w13_on_side=True),
     )),
     # From here the Gluon dh, right behind the gather; dx first after it, grad_w1/grad_w3 beside dx. Up to 1024 the
@@ -341,14 +347,14 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        dx=_GLUON_DX_INTO_ROWS,
         schedule=Schedule(x16_at="after_gather", zeros_at="after_dh", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     (384, Plan(
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        dx=_GLUON_DX_INTO_ROWS,
         schedule=Schedule(x16_at="after_dh", zeros_at="after_dh", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     # The zeros behind dx, out of the side stream's way.
@@ -356,7 +362,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dh=_GLUON_DH_SMALL_TILES,
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
-        dx=GluonDx(tile=_DX_WIDE, split=1, to_rows=True),
+        dx=_GLUON_DX_INTO_ROWS,
         schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True, dh_behind_gather=True),
     )),
     # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free.

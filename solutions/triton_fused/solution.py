@@ -126,7 +126,7 @@ class Problem:
     dx_to_rows: bool = False  # Plan.to_rows: dx stores the rows; the routing weights finished after routing_x16
     dx_tiles: int = 0  # dx's output tiles: with dx_to_rows and more than one partial, one arrival counter each
     # Each of dx's programs sums both halves of K (Triton's dx into the rows): one partial per slice of the split
-    # rather than per half and slice
+    # rather than per half and slice, so none where it runs unsplit
     dx_sums_halves: bool = False
     plan: Plan | None = None  # the plan whose calls the Problem serves (call_context keys it by the plan's identity)
     # Launches of the Gluon weight gradient so far in this call that claim their tiles, each from its own counter
@@ -417,10 +417,9 @@ def dx(p: Problem, d: TritonDx | GluonDx | SwapAbDx, halves: Sequence[int] = (0,
     for half in [] if p.dx_to_rows else halves:
         a, b = _dx_operands(p, t, half)
         launches.append((a, b, a, b, half * p.dx_split))
-    unused = rows  # a stand-in for the partials and counters that a launch does not use (a pointer all the same)
     for a, b, a_up, b_up, first_partial in launches:
         p.launch(dx_kernel, (tiles, p.dx_split),
-            a, b, a_up, b_up, unused if p.partials is None else p.partials, unused if p.arrivals is None else p.arrivals,
+            a, b, a_up, b_up, rows if p.partials is None else p.partials,  # into the rows, `rows` stands in (unused)
             p.inputs["token_indices"], rows, p.tokens, p.hidden, p.ffn // p.dx_split, first_partial,
             BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, TO_ROWS=p.dx_to_rows,
             num_warps=t.num_warps, num_stages=t.num_stages,
