@@ -40,6 +40,9 @@ app = typer.Typer(
 console = Console(width=None if Console().is_terminal else 160)
 errors = Console(stderr=True, width=console.width)
 USER_ERRORS = (SolutionError, ManifestError, ResultsError, KeyError)
+# runner.trial_seed multiplies the base seed by about 10**6: a base below 2**32 keeps every trial's seed within the
+# 64-bit seeds torch's generators take.
+MAX_SEED = 2**32 - 1
 
 
 def _message(exc: Exception) -> str:
@@ -160,7 +163,7 @@ def bench(
     trials: Annotated[
         Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")
     ] = None,
-    seed: Annotated[int, typer.Option(help="base seed of every input set")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="base seed of every input set")] = 0,
     device: Annotated[str, typer.Option(help="auto, cuda or cpu")] = "auto",
     input_sets: Annotated[int, typer.Option(min=1, help="distinct input sets rotated through while timing")] = 3,
     max_calls: Annotated[int, typer.Option(min=2, help="cap on timed calls per workload")] = 300,

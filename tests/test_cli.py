@@ -105,6 +105,8 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
         (("bench", "--solution", "torch_eager", "--suite", "edges"), "the edges suite (H=4096, F=14336) needs a CUDA GPU"),
         (("bench", "--solution", "torch_eager", "--suite", "nightly"), "unknown suite 'nightly'"),
         (("bench", "--solution", "torch_eager", "--workload", "99"), "out of range"),
+        (("bench", "--solution", "torch_eager", "--seed", str(2**64)), "Invalid value for '--seed'"),
+        (("bench", "--solution", "torch_eager", "--seed", "-1"), "Invalid value for '--seed'"),
         (("compare", "--format", "xml"), "--format must be"),
         (("compare", "--by-workload", "--value", "latency_us,latency"), "--value must be one or more of"),
     ],
