@@ -167,16 +167,18 @@ def bench(
     device: Annotated[str, typer.Option(help="auto, cuda or cpu")] = "auto",
     input_sets: Annotated[int, typer.Option(min=1, help="distinct input sets rotated through while timing")] = 3,
     max_calls: Annotated[int, typer.Option(min=2, help="cap on timed calls per workload")] = 300,
-    target_stderr: Annotated[float, typer.Option(help="stop timing when stderr/mean falls below this")] = 0.01,
+    target_stderr: Annotated[float, typer.Option(min=0, help="stop timing when stderr/mean falls below this")] = 0.01,
     results_dir: Annotated[Path, typer.Option(help="where result files are written")] = RESULTS_DIR,
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
     isolation: Annotated[
         bool, typer.Option(help="each solution in its own worker process (--no-isolation: all in this one)")
     ] = True,
     compile_timeout: Annotated[
-        float, typer.Option(help="seconds to load a solution, added to its first workload's limit")
+        float, typer.Option(min=1, help="seconds to load a solution, added to its first workload's limit")
     ] = 600.0,
-    run_timeout: Annotated[float, typer.Option(help="seconds for one workload (trials and timing) before TIMEOUT")] = 600.0,
+    run_timeout: Annotated[
+        float, typer.Option(min=1, help="seconds for one workload (trials and timing) before TIMEOUT")
+    ] = 600.0,
     cuda_graph: Annotated[
         bool, typer.Option("--cuda-graph", help="also time the call captured in a CUDA graph and replayed")
     ] = False,

@@ -114,8 +114,15 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
     for job in jobs_for(plan.solutions, plan.suite, plan.workloads):
         jobs.put(job)
     collected = Collected(plan)
+    failures: list[BaseException] = []
 
     def slot(index: int, device: Slot) -> None:
+        try:
+            drive(index, device)
+        except BaseException as exc:  # noqa: BLE001 - the harness's own fault: raised in the caller's thread below
+            failures.append(exc)
+
+    def drive(index: int, device: Slot) -> None:
         workers: dict[str, Worker] = {}
         while True:
             try:
@@ -139,6 +146,9 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
         thread.start()
     for thread in threads:
         thread.join()
+    if failures:
+        # A slot that broke took its jobs with it: a result file would lack them with nothing to say so.
+        raise failures[0]
     return merge(plan, collected)
 
 

@@ -107,6 +107,8 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
         (("bench", "--solution", "torch_eager", "--workload", "99"), "out of range"),
         (("bench", "--solution", "torch_eager", "--seed", str(2**64)), "Invalid value for '--seed'"),
         (("bench", "--solution", "torch_eager", "--seed", "-1"), "Invalid value for '--seed'"),
+        (("bench", "--solution", "torch_eager", "--compile-timeout", "-5"), "Invalid value for '--compile-timeout'"),
+        (("bench", "--solution", "torch_eager", "--run-timeout", "0"), "Invalid value for '--run-timeout'"),
         (("compare", "--format", "xml"), "--format must be"),
         (("compare", "--by-workload", "--value", "latency_us,latency"), "--value must be one or more of"),
     ],

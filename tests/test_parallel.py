@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import parallel
 from harness.isolation import RunPlan
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR
@@ -89,3 +90,20 @@ def test_a_worker_that_dies_costs_only_its_job(tmp_path: Path) -> None:
     merged = run_local(plan, [Slot("cpu"), Slot("cpu")])
     statuses = [(w.num_tokens, w.status.value) for w in merged["crashes_mid_suite"].workloads]
     assert statuses == [(w.num_tokens, "RUNTIME_ERROR" if w.num_tokens == 17 else "PASSED") for w in SMOKE.workloads]
+
+
+def test_a_slot_that_breaks_fails_the_run(tmp_path: Path, monkeypatch) -> None:
+    """A fault of the harness itself in a slot's thread (here, starting its worker) is raised, not left to the thread:
+    the jobs it took would otherwise be missing from a result file that says nothing of them."""
+
+    class Broken:
+        def __init__(self, *args) -> None:
+            pass
+
+        def start(self) -> None:
+            raise RuntimeError("the worker could not start")
+
+    monkeypatch.setattr(parallel, "Worker", Broken)
+    plan = RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:2], Scorer(CPU, tmp_path))
+    with pytest.raises(RuntimeError, match="could not start"):
+        run_local(plan, [Slot("cpu"), Slot("cpu")])
