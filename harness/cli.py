@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -53,6 +55,15 @@ def _message(exc: Exception) -> str:
 def fail(message: str) -> None:
     console.print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False)
     raise typer.Exit(2)
+
+
+@contextlib.contextmanager
+def file_errors() -> Iterator[None]:
+    """A file the command cannot read or write (a folder in the way, no permission, a full disk): one line, exit 2."""
+    try:
+        yield
+    except OSError as exc:
+        fail(f"{exc.filename or 'a file'}: {exc.strerror or exc}")
 
 
 def pick_device(requested: str) -> torch.device:
@@ -229,6 +240,13 @@ def bench(
         devices = device_slots(gpus, dev.type)
         if (len(devices) > 1 or backend == "ray") and not isolation:
             fail("--gpus and --backend ray run every job in a worker of its own: not with --no-isolation")
+        # A run over part of a suite never replaces the file of a full run: compare reads full runs only.
+        partial = len(chosen) < len(chosen_suite.workloads)
+        paths = {sol.name: result_path(results_dir, provenance.device_slug(dev), sol.name, partial, chosen_suite.name)
+                 for sol in solutions}  # fmt: skip
+        with file_errors():  # before the run, not after it: a folder it cannot write would lose the whole run
+            for path in paths.values():
+                path.parent.mkdir(parents=True, exist_ok=True)
     except (*USER_ERRORS, ValueError) as exc:
         fail(_message(exc))
     if kernels and dev.type != "cuda":
@@ -269,13 +287,14 @@ def bench(
         else:
             results = run_side_by_side(benches, chosen_suite, chosen, lambda bench, result: advance(bench.solution.name, result))
 
-    # A run over part of a suite never replaces the file of a full run: compare reads full runs only.
-    partial = len(chosen) < len(chosen_suite.workloads)
     failed = False
     for result in results:
-        path = save(
-            result, result_path(results_dir, provenance.device_slug(dev), result.solution.name, partial, chosen_suite.name)
-        )
+        path = paths[result.solution.name]
+        try:
+            save(result, path)
+        except OSError as exc:  # the tables below still show the run
+            errors.print(f"error: {path} not written: {exc.strerror or exc}", highlight=False)
+            failed = True
         console.print(workload_table(result))
         for table in kernel_tables(result):
             console.print(table)
@@ -390,8 +409,9 @@ def plot(
     """PNG figures from the result files: latency against T with the roofline, and percent of SOL."""
     from harness.plot import plot_all
 
-    for path in plot_all(load_results_or_fail(results_dir, device, solution, suite), out):
-        console.print(f"wrote {path}", highlight=False)
+    with file_errors():
+        for path in plot_all(load_results_or_fail(results_dir, device, solution, suite), out):
+            console.print(f"wrote {path}", highlight=False)
 
 
 @app.command("export")
@@ -427,15 +447,15 @@ def export_cmd(
         )
     path = candidates[0]
     try:
-        result = load_result(path)
-        sol = get_solution(solution, solutions_dir)
-        if fmt == "leaderboard":
-            record = leaderboard_record(result, sol, results_dir, path.parent.name, partial)
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(record.model_dump_json(indent=1) + "\n")
-            written = [output]
-        else:
-            written = write_sol_execbench(result, sol, load_named_suite(result.config.suite), output, partial)
+        with file_errors():
+            result = load_result(path)
+            sol = get_solution(solution, solutions_dir)
+            if fmt == "leaderboard":
+                record = leaderboard_record(result, sol, results_dir, path.parent.name, partial)
+                save(record, output)
+                written = [output]
+            else:
+                written = write_sol_execbench(result, sol, load_named_suite(result.config.suite), output, partial)
     except (ExportError, *USER_ERRORS) as exc:
         fail(str(exc))
     for written_path in written:
@@ -462,7 +482,8 @@ def import_workloads_cmd(
     target = output or WORKLOADS_DIR / f"{name}.yaml"
     if target.exists() and not force:
         fail(f"{target} exists (the {target.stem} suite): choose another --name or --output, or pass --force to replace it")
-    target.write_text(suite_yaml(suite))
+    with file_errors():
+        target.write_text(suite_yaml(suite))
     console.print(f"wrote {target} ({len(suite.workloads)} workloads)", highlight=False)
 
 
@@ -475,7 +496,8 @@ def calibrate(results_dir: Annotated[Path, typer.Option(help="where the calibrat
         fail("calibrate measures a CUDA GPU and torch sees none")
     device = torch.device("cuda")
     calibration = measure(device)
-    path = save(calibration, results_dir / provenance.device_slug(device) / "calibration.json")
+    with file_errors():
+        path = save(calibration, results_dir / provenance.device_slug(device) / "calibration.json")
     console.print(
         f"{calibration.device_name}: copy {calibration.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
         f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {path}",

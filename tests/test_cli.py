@@ -187,6 +187,37 @@ def test_export_and_import_commands(tmp_path: Path) -> None:
     assert "uuid: 65d4e462-8635-5572-8b83-344b86af55f2" in manifest.read_text()
 
 
+def test_a_path_in_the_way_is_one_line_before_any_work(tmp_path: Path) -> None:
+    """A file where a folder must go, or a folder where a file must go: one line naming it, exit 2, and bench stops
+    before measuring anything rather than losing the run at the end."""
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("")
+    for named, args in (
+        (in_the_way, ("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(in_the_way))),
+        (in_the_way, ("plot", "--device", "nvidia-h200", "--out", str(in_the_way))),
+        (
+            in_the_way,
+            ("export", "-s", "triton_fused", "--format", "sol-execbench", "-o", str(in_the_way), "--device", "nvidia-h200"),
+        ),
+        (tmp_path, ("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(tmp_path), "--device", "nvidia-h200")),
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert f"error: {named}" in result.output
+        assert "Traceback" not in result.output and "passed" not in result.output
+
+
+def test_a_result_that_cannot_be_saved_is_still_shown(tmp_path: Path, monkeypatch) -> None:
+    def full_disk(model, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("harness.cli.save", full_disk)
+    result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "4")
+    assert result.exit_code == 1
+    assert "torch_eager.json not written: No space left on device" in " ".join(result.output.split())
+    assert "torch_eager: passed 1/1" in result.output
+
+
 def test_compare_ranks_by_passed_workloads_and_averages_only_those(tmp_path: Path, make_solution) -> None:
     """A solution that fails every workload with NaN outputs, however fast, ranks below one that passes, and its
     times count in no mean or speed-up."""
