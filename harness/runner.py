@@ -36,7 +36,7 @@ from harness import guards, provenance
 from harness.attribution import profile_kernels
 from harness.correctness import check_output
 from harness.launch_audit import LaunchAudit
-from harness.registry import Solution
+from harness.registry import Solution, SolutionError
 from harness.results import (
     BASELINE_SOLUTION,
     BenchConfig,
@@ -556,6 +556,8 @@ class Bench:
             return None, (Status.SKIPPED, reason)
         try:
             return SolutionCaller(self.solution, self.solution.load_entry_point()), None
+        except SolutionError as exc:  # the registry's own finding says all: no harness frames after it
+            return None, (Status.COMPILE_ERROR, str(exc))
         except Exception as exc:  # noqa: BLE001 - an import or syntax error in the solution is reported per workload
             return None, (Status.COMPILE_ERROR, _describe_exception(exc))
 

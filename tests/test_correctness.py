@@ -132,6 +132,13 @@ def test_solution_that_fails_to_import_is_a_compile_error_on_every_workload(make
     assert "SyntaxError" in result.workloads[0].message
 
 
+def test_solution_without_its_entry_point_file_says_so_in_one_line(make_solution) -> None:
+    root = make_solution("no_file", "def run(*tensors):\n    pass\n")
+    (root / "no_file" / "solution.py").unlink()
+    message = bench(root, "no_file").run(SMOKE, SMOKE.workloads[:1]).workloads[0].message
+    assert message == f"solution 'no_file': entry point file {root / 'no_file' / 'solution.py'} does not exist"
+
+
 def test_cuda_only_solution_is_skipped_on_cpu(make_solution) -> None:
     root = make_solution("gpu_only", TEMPLATE.format(sabotage=""), devices="[cuda]")
     result = bench(root, "gpu_only").run(SMOKE, SMOKE.workloads[:1])
