@@ -290,11 +290,12 @@ def bench(
     failed = False
     for result in results:
         path = paths[result.solution.name]
+        written = f"written to {path}"
         try:
             save(result, path)
         except OSError as exc:  # the tables below still show the run
             errors.print(f"error: {path} not written: {exc.strerror or exc}", highlight=False)
-            failed = True
+            written, failed = "not written", True
         console.print(workload_table(result))
         for table in kernel_tables(result):
             console.print(table)
@@ -304,7 +305,7 @@ def bench(
         console.print(
             f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; mean call latency {_us(_mean(latencies))} us, "
             f"mean device time {_us(_mean(device_times))} us over {len(latencies)} timed workloads; {result.duration_s:.1f} s; "
-            f"written to {path}",
+            f"{written}",
             highlight=False,
         )
         failed |= any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads)
