@@ -18,7 +18,17 @@ from rich.table import Table
 from harness import compare as comparing
 from harness import provenance
 from harness.registry import SOLUTIONS_DIR, SolutionError, discover, get_solution, scan
-from harness.results import RESULTS_DIR, BenchResult, ResultsError, WorkloadResult, find_results, result_path, save
+from harness.results import (
+    RESULTS_DIR,
+    BenchResult,
+    GraphTiming,
+    MixedTokensTiming,
+    ResultsError,
+    WorkloadResult,
+    find_results,
+    result_path,
+    save,
+)
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import (
@@ -97,15 +107,13 @@ def workload_table(result: BenchResult) -> Table:
         "synchronised per call at fresh addresses; device: queue kept full; host: the solution's own issue time; floor: "
         "the call latency of one kernel's launch, timed just before)"
     )
-    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "floor", "graph")
+    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "floor", "graph", "mixed T")
     columns: dict[str, list[str]] = {name: [] for name in names}
     scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S", "S device")}
     notes: dict[str, list[str]] = {"worst ratio": [], "flags": []}
     for w in result.workloads:
         t = w.call_latency
         color = "green" if w.status is Status.PASSED else "yellow" if w.status is Status.SKIPPED else "red"
-        graph = w.cuda_graph
-        graph_cell = "-" if graph is None else "[red]failed[/red]" if graph.error else _us(graph.timing.mean_us)
         for name, text in zip(
             columns,
             (
@@ -113,7 +121,7 @@ def workload_table(result: BenchResult) -> Table:
                 _us(t.mean_us if t else None), _us((t.ci95_high_us - t.mean_us) if t else None),
                 _us(t.median_us if t else None), str(t.n) if t else "-", _us(w.device_us),
                 _us(w.host.median_us if w.host else None), _us(w.launch_floor.latency_us if w.launch_floor else None),
-                graph_cell,
+                _optional_timing(w.cuda_graph), _optional_timing(w.mixed_tokens),
             ),
         ):  # fmt: skip
             columns[name].append(text)
@@ -122,8 +130,9 @@ def workload_table(result: BenchResult) -> Table:
         ratios = [o.matched_ratio for trial in w.trials for o in trial.outputs if o.matched_ratio is not None]
         notes["worst ratio"].append(f"{min(ratios):.4f}" if ratios else "-")
         notes["flags"].append(", ".join(w.flags))
-    if all(cell == "-" for cell in columns["graph"]):
-        del columns["graph"]
+    for optional in ("graph", "mixed T"):
+        if all(cell == "-" for cell in columns[optional]):
+            del columns[optional]
     columns.update({name: cells for name, cells in scores.items() if any(cell != "-" for cell in cells)})
     columns.update({name: cells for name, cells in notes.items() if any(cell not in ("-", "") for cell in cells)})
     table = Table(title=title)
@@ -152,6 +161,11 @@ def kernel_tables(result: BenchResult) -> list[Table]:
             table.add_row(_us(run.start_us), _us(run.duration_us), str(run.stream), run.name[:90])
         tables.append(table)
     return tables
+
+
+def _optional_timing(timing: GraphTiming | MixedTokensTiming | None) -> str:
+    """The cell of a timing bench makes only when asked (--cuda-graph, --mixed-tokens)."""
+    return "-" if timing is None else "[red]failed[/red]" if timing.error else _us(timing.timing.mean_us)
 
 
 def print_failures(workloads: list[WorkloadResult]) -> None:
@@ -193,6 +207,9 @@ def bench(
     cuda_graph: Annotated[
         bool, typer.Option("--cuda-graph", help="also time the call captured in a CUDA graph and replayed")
     ] = False,
+    mixed_tokens: Annotated[
+        bool, typer.Option("--mixed-tokens", help="also time calls whose T changes every call, as a training step's")
+    ] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="also profile single calls and print their kernels")] = False,
     gpus: Annotated[
         str, typer.Option(help="devices to spread the jobs over: a number or 'all' (on a CPU: worker processes)")
@@ -231,6 +248,7 @@ def bench(
             input_sets=input_sets,
             timing=TimingConfig(max_calls=max_calls, target_rel_stderr=target_stderr),
             cuda_graph=cuda_graph,
+            mixed_tokens=mixed_tokens,
             kernels=kernels,
         )
         benches = [] if isolation else [Bench(sol, dev, options, results_dir) for sol in solutions]
@@ -363,8 +381,8 @@ SuiteOption = Annotated[
 
 
 BY_WORKLOAD_VALUES = (
-    "latency_us", "device_us", "host_us", "floor_us", "public_us", "pct_sol", "pct_sol_measured", "sol_score",
-    "device_sol_score",
+    "latency_us", "device_us", "host_us", "floor_us", "public_us", "mixed_us", "pct_sol", "pct_sol_measured",
+    "sol_score", "device_sol_score",
 )  # fmt: skip
 
 
@@ -394,7 +412,8 @@ def compare_cmd(
             comparing.summary(frame),
             fmt,
             "Solutions, us (latency: call latency, synchronised per call at fresh addresses; device: queue kept full; host: "
-            "the solution's own issue time; S: SOL score, 0 for a failed workload; vs fp32: speed-up over reference_fp32)",
+            "the solution's own issue time; S: SOL score, 0 for a failed workload; vs fp32: speed-up over reference_fp32; "
+            "mixed T: call latency with T changing every call)",
             console,
         )
 

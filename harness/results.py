@@ -133,6 +133,20 @@ class GraphTiming(BaseModel):
     error: str = ""
 
 
+class MixedTokensTiming(BaseModel):
+    """`bench --mixed-tokens`: call latency, timed as the headline's, of calls whose T changes from each call to the
+    next, as a training step's experts make them. The calls cycle through `tokens` (the T nearest the workload's, the
+    same work within a few percent), one round untimed (each T's first call), then `rounds` - 1 timed; against the
+    call latency it shows what changing shape costs a solution once it has met each T. One call of each T, drawn at
+    random, is checked against the reference; a failure leaves `error`."""
+
+    tokens: list[int]
+    rounds: int
+    timing: TimingStats | None = None
+    host: TimingStats | None = None
+    error: str = ""
+
+
 class TimedChecks(BaseModel):
     """The checks of the timed calls' outputs (runner.TimedOutputChecks): how many calls were checked for unwritten
     elements, and which calls of each timing (numbered from 0, warm-ups included) were drawn for verification in full."""
@@ -187,6 +201,7 @@ class WorkloadResult(BaseModel):
     device_index: int | None = Field(default=None, description="the device slot (--gpus) or Ray GPU it ran on")
     timed_checks: TimedChecks | None = None
     cuda_graph: GraphTiming | None = None
+    mixed_tokens: MixedTokensTiming | None = None
     kernels: KernelProfile | None = None
     flops: int
     bytes: int
@@ -234,6 +249,7 @@ class BenchConfig(BaseModel):
     target_rel_stderr: float
     max_calls: int
     cuda_graph: bool = False
+    mixed_tokens: bool = False
     kernels: bool = False
     launch_audit: str = Field("off: not recorded", description="how GPU work issued outside the calls was looked for")
 

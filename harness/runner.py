@@ -23,11 +23,12 @@ issued by another thread, or by a process the solution started, while no call wa
 from __future__ import annotations
 
 import copy
+import math
 import secrets
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from harness.results import (
     BenchResult,
     GraphTiming,
     LaunchFloor,
+    MixedTokensTiming,
     OutputCheck,
     ResultsError,
     SolutionRecord,
@@ -68,7 +70,7 @@ from harness.timing import (
 )
 from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
-from reference.problem import OUTPUTS, Dims, bytes_moved, flops
+from reference.problem import INPUTS, OUTPUTS, Dims, bytes_moved, flops
 
 
 @dataclass
@@ -78,6 +80,7 @@ class BenchOptions:
     input_sets: int = 3
     timing: TimingConfig = field(default_factory=TimingConfig)
     cuda_graph: bool = False  # also time the call captured in a CUDA graph and replayed
+    mixed_tokens: bool = False  # also time calls whose T changes every call (results.MixedTokensTiming)
     kernels: bool = False  # also record the GPU activity of single calls (torch.profiler)
 
 
@@ -131,6 +134,20 @@ class SolutionCaller:
         if not isinstance(returned, (tuple, list)) or len(returned) != len(OUTPUTS):
             raise TypeError(f"expected a tuple of {len(OUTPUTS)} output tensors, got {type(returned).__name__}")
         return list(returned)
+
+
+# The mixed-T timing (results.MixedTokensTiming): how many T it cycles through, and its rounds over them (the first
+# untimed).
+MIXED_TOKEN_COUNTS = 8
+MIXED_TOKEN_ROUNDS = 4
+
+
+def mixed_token_counts(dims: Dims, count: int = MIXED_TOKEN_COUNTS) -> list[int]:
+    """The `count` T nearest dims.num_tokens other than it within [1, B], nearest first, the smaller first at equal
+    distance (fewer where B leaves fewer)."""
+    t, b = dims.num_tokens, dims.batch_seq_len
+    others = [n for n in range(max(1, t - count), min(b, t + count) + 1) if n != t]
+    return sorted(others, key=lambda n: (abs(n - t), n))[:count]
 
 
 def allocate_outputs(workload: Workload, device: torch.device) -> list[torch.Tensor]:
@@ -385,6 +402,7 @@ def bench_config(suite: Suite, options: BenchOptions, device: torch.device) -> B
         target_rel_stderr=options.timing.target_rel_stderr,
         max_calls=options.timing.max_calls,
         cuda_graph=options.cuda_graph,
+        mixed_tokens=options.mixed_tokens,
         kernels=options.kernels,
         launch_audit=LaunchAudit.method(device),
     )
@@ -636,7 +654,8 @@ class Bench:
         result: WorkloadResult,
     ) -> None:
         """Device time over the input sets, call latency and host cost at fresh addresses, then the checks of the
-        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph timing last."""
+        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph and mixed-T
+        timings last."""
         seeds = unpredictable_seeds()
         device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
         try:
@@ -660,6 +679,8 @@ class Bench:
             self._verify_timed_outputs(workload, device_checks, latency_checks, [*on_sets, fresh], result)
         if self.options.cuda_graph:
             result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
+        if self.options.mixed_tokens:
+            result.mixed_tokens = self._time_mixed_tokens(call, workload, seeds)
 
     def _time_device(
         self,
@@ -740,6 +761,53 @@ class Bench:
         return GraphTiming(
             timing=timing, error="" if status is Status.PASSED else f"the last replay's outputs fail the check: {detail}"
         )
+
+    def _time_mixed_tokens(self, call: SolutionCaller, workload: Workload, seeds: Iterator[int]) -> MixedTokensTiming | None:
+        """Call latency of calls cycling through the T nearest the workload's (results.MixedTokensTiming): each call at
+        fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; one call of each T, drawn at random
+        before the first, checked against the reference outside the timed window. None where B = 1 leaves no other T."""
+        tokens, rounds = mixed_token_counts(workload.dims), MIXED_TOKEN_ROUNDS
+        if not tokens:
+            return None
+        inputs = allocate_inputs(replace(workload.dims, num_tokens=max(tokens)), self.device)
+        fresh = FreshAddresses([*inputs.values(), *allocate_outputs(workload, self.device)], len(tokens) * rounds)
+        del inputs
+        verified = {t: 1 + secrets.randbelow(rounds - 1) for t in tokens}  # the timed round whose call is checked
+        failures: list[str] = []
+        current: dict[str, torch.Tensor] = {}
+        buffers: list[torch.Tensor] = []
+
+        def prepare(i: int) -> None:
+            t = tokens[i % len(tokens)]
+            tensors = fresh.at(i)
+            current.clear()
+            current.update((spec.name, x[:t] if spec.shape[0] == "T" else x) for spec, x in zip(INPUTS, tensors))
+            buffers[:] = tensors[len(INPUTS) :]
+            fill_inputs(current, replace(workload.dims, num_tokens=t), next(seeds))
+            guards.poison(buffers)
+
+        def timed_call(i: int) -> None:
+            buffers[:] = call(current, buffers)
+
+        def after(i: int) -> None:
+            t = tokens[i % len(tokens)]
+            if i // len(tokens) == verified[t]:
+                shaped = workload.model_copy(update={"num_tokens": t})
+                _, status, detail = check_outputs(shaped, buffers, compute_reference(current))
+                if status is not Status.PASSED:
+                    failures.append(f"T = {t}: {detail}")
+
+        timed = len(tokens) * (rounds - 1)
+        # every round, whatever the time: the checked calls are in all of them
+        config = replace(self.options.timing, warmup_calls=len(tokens), min_calls=timed, max_calls=timed,
+                         batch_calls=len(tokens), max_seconds=math.inf)  # fmt: skip
+        try:
+            latency, host = time_call_latency(timed_call, prepare, self.device, config, after)
+        except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is this timing's result
+            return MixedTokensTiming(tokens=tokens, rounds=rounds, error="during the calls: " + _describe_exception(exc))
+        if failures:
+            return MixedTokensTiming(tokens=tokens, rounds=rounds, error="outputs fail the check: " + "; ".join(failures))
+        return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host)
 
     def _verify_timed_outputs(
         self,

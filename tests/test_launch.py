@@ -123,6 +123,10 @@ class Kernel:
 
         return jit
 
+    def warmup(self, *args, grid, **kwargs):
+        """The compiled kernel for these arguments, not launched."""
+        return self.compiled
+
 
 class Stream:
     cuda_stream = "caller-stream"
@@ -165,7 +169,8 @@ def call(program, kernel, x: torch.Tensor, scratch: torch.Tensor, descriptor: De
 def test_native_launch_lays_out_the_kernels_parameters(fake_replay) -> None:
     """The native replay's description of a launch (native.py): the kernel's parameters in Triton 3.6's layout, a
     descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
-    the call's tensors marked where their addresses go; later calls replay through the C program alone."""
+    the call's tensors marked where their addresses go; the recording call issues nothing, and the calls replay
+    through the C program alone."""
     launch, module = fake_replay
     kernel, scratch = Kernel(), torch.zeros(8)
     first = [torch.ones(4), torch.ones(6)]
@@ -184,9 +189,10 @@ def test_native_launch_lays_out_the_kernels_parameters(fake_replay) -> None:
         ("new", [native_module(launch).layout(t) for t in first]),
         ("launch", native.function, native.params),
     ]
+    assert kernel.launches == 0  # described, not issued
     later = [torch.full((4,), 2.0), torch.full((6,), 3.0)]
     assert program.native(later) is True
-    assert module.calls[-1] == ("replay", later) and kernel.launches == 1  # replayed by the C program alone
+    assert module.calls[-1] == ("replay", later) and kernel.launches == 0  # replayed by the C program alone
     module.matches = False
     assert program.native(later) is False  # solution.backward then runs the launcher's code
 
@@ -211,11 +217,13 @@ def test_a_view_of_a_calls_tensor_leaves_the_program_unrecorded(fake_replay) -> 
     launch, _ = fake_replay
     tensors = [torch.ones(4), torch.ones(6)]
     for view in ([tensors[0][1:], Descriptor(tensors[1], [2])], [tensors[0], Descriptor(tensors[1][2:], [2])]):
-        program = launch.CallProgram()
+        program, kernel = launch.CallProgram(), Kernel()
         program.begin(tensors)
-        program.launch(Kernel(), (1,), None, Stream(), *view, torch.zeros(2), 1)
+        program.launch(kernel, (1,), None, Stream(), *view, torch.zeros(2), 1)
+        program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), torch.zeros(2), 1)
         program.end()
-        assert program.native is None and program.operations == []
+        # neither launch described nor issued (the caller runs the launcher's code again)
+        assert program.native is None and program.operations == [] and kernel.launches == 0
 
 
 def test_a_launch_the_native_replay_cannot_write_leaves_the_calls_to_the_launchers_code(fake_replay) -> None:
@@ -227,6 +235,9 @@ def test_a_launch_the_native_replay_cannot_write_leaves_the_calls_to_the_launche
     with pytest.warns(UserWarning, match="every call of this shape from Python: the kernel needs scratch memory"):
         call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
     assert program.native is None and program.operations == [] and module.calls == []
+    assert kernel.launches == 0  # the recording call issued nothing: the caller runs the launcher's code again
+    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    assert kernel.launches == 1 and program.operations == []  # issued through the JIT, not recorded
 
 
 def test_launches_outside_a_call_are_not_kept(fake_replay) -> None:
@@ -250,8 +261,11 @@ def test_a_call_that_raised_leaves_nothing_recorded(fake_replay) -> None:
     program = launch.CallProgram()
     program.begin(tensors)
     program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
-    # the call raised here: no end(); the next call records afresh
-    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    program.end(completed=False)  # the call raised here
+    assert program.operations == [] and program.native is None and program.records_next_call
+    program.launch(kernel, (1,), None, Stream(), tensors[0], Descriptor(tensors[1], [2]), scratch, 1)
+    assert kernel.launches == 1 and program.operations == []  # outside a call: issued, not kept
+    call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)  # the next call records afresh
     assert len(program.operations) == 1 and program.native is not None
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from harness import compare as comparing
 from harness.registry import get_solution
-from harness.results import LateWork, TimingStats
-from harness.runner import Bench, BenchOptions, late_work_habit
+from harness.results import LateWork, TimingStats, save
+from harness.runner import MIXED_TOKEN_ROUNDS, Bench, BenchOptions, late_work_habit, mixed_token_counts
 from harness.timing import (
     LATE_WORK_NOISE_US,
     FreshAddresses,
@@ -20,6 +22,7 @@ from harness.timing import (
     time_launch_floor,
 )
 from harness.workloads import load_named_suite
+from reference.problem import Dims
 
 SMOKE = load_named_suite("smoke")
 FAST = TimingConfig(warmup_calls=1, min_calls=4, max_calls=6, batch_calls=2)
@@ -86,6 +89,73 @@ def test_no_two_call_latency_calls_share_an_address(make_solution) -> None:
     assert len(set(flat)) == len(flat)
     earlier = {p for call in pointers[: -len(fresh)] for p in call}
     assert not earlier & set(flat)
+
+
+def test_mixed_token_counts_take_the_nearest_other_t_within_the_batch() -> None:
+    assert mixed_token_counts(Dims(512, 64)) == [63, 65, 62, 66, 61, 67, 60, 68]
+    assert mixed_token_counts(Dims(9, 1)) == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert mixed_token_counts(Dims(16, 16)) == [15, 14, 13, 12, 11, 10, 9, 8]
+    assert mixed_token_counts(Dims(3, 2)) == [1, 3] and mixed_token_counts(Dims(1, 1)) == []
+
+
+SHAPES = """
+import torch
+from reference import reference_backward
+
+CALLS = []  # (T, pointers) per call
+
+def run(*tensors):
+    CALLS.append((tensors[1].numel(), tuple(t.data_ptr() for t in tensors)))
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_mixed_tokens_cycle_through_other_t_at_fresh_addresses(make_solution) -> None:
+    """bench --mixed-tokens: after the workload's own timings, rounds over the nearest other T, each call at addresses
+    no other call used; the timed rounds are the timing, and compare reads its mean."""
+    root = make_solution("shapes", SHAPES)
+    options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
+    workload = SMOKE.workloads[4]  # B = 197, T = 67
+    result = Bench(get_solution("shapes", root), torch.device("cpu"), options, root.parent / "results").run(SMOKE, [workload])
+    mixed = result.workloads[0].mixed_tokens
+    assert result.workloads[0].status.value == "PASSED" and mixed.error == ""
+    assert mixed.tokens == mixed_token_counts(workload.dims) and mixed.rounds == MIXED_TOKEN_ROUNDS
+    assert mixed.timing.n == mixed.host.n == len(mixed.tokens) * (MIXED_TOKEN_ROUNDS - 1)
+    calls = sys.modules["harness_solutions.shapes.solution"].CALLS[-len(mixed.tokens) * MIXED_TOKEN_ROUNDS :]
+    assert [t for t, _ in calls] == mixed.tokens * MIXED_TOKEN_ROUNDS
+    flat = [p for _, pointers in calls for p in pointers]
+    assert len(set(flat)) == len(flat)
+    save(result, root.parent / "results" / "cpu" / "shapes.json")
+    frame = comparing.load_frame(root.parent / "results")
+    assert frame.mixed_us.iloc[0] == mixed.timing.mean_us == comparing.summary(frame).mean_mixed_us.iloc[0]
+
+
+def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_alone(make_solution) -> None:
+    """Outputs checked at the other T: a solution right only at the T of its first call passes the workload, and its
+    mixed-T timing reports the failure instead of a time."""
+    root = make_solution("one_shape", ONE_SHAPE)
+    options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
+    result = Bench(get_solution("one_shape", root), torch.device("cpu"), options, root.parent / "results").run(
+        SMOKE, [SMOKE.workloads[4]]
+    )
+    mixed = result.workloads[0].mixed_tokens
+    assert result.workloads[0].status.value == "PASSED"
+    assert mixed.timing is None and mixed.error.startswith("outputs fail the check: T = ")
+    save(result, root.parent / "results" / "cpu" / "one_shape.json")
+    assert math.isnan(comparing.summary(comparing.load_frame(root.parent / "results")).mean_mixed_us.iloc[0])
+
+
+ONE_SHAPE = """
+from reference import reference_backward
+
+FIRST = []
+
+def run(*tensors):
+    FIRST[:] = FIRST or [tensors[1].numel()]
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value if tensors[1].numel() == FIRST[0] else 0 * value)
+"""
 
 
 HOST_SLEEP = """

@@ -165,6 +165,22 @@ def test_a_context_keeps_none_of_a_calls_tensors(interpreted) -> None:
     assert [ref() for ref in kept] == [None] * len(kept)
 
 
+def test_contexts_of_several_t_share_the_streams_scratch(interpreted) -> None:
+    """A context per T, its intermediates views at the start of the stream's buffers, which grow for a larger T: a
+    context costs no device memory of its own, and every call still gives the reference's outputs."""
+    plan = small_plan(interpreted)
+    interpreted.forget_call_contexts()
+    for tokens in (19, 9, 33):
+        outputs, expected = run_interpreted(interpreted, Dims(50, tokens, 64, 80), torch.float32, torch.float32, plan=plan)
+        assert_match_in_float32(outputs, expected)
+    contexts = list(interpreted._CONTEXTS.values())
+    (scratch,) = interpreted._STREAM_SCRATCH.values()
+    assert len(contexts) == 3 and all(p.scratch is scratch for p in contexts)
+    # T = 9's partials fit in the buffer T = 19's made; T = 33's grew it: the earlier contexts keep the smaller one
+    starts = [p.partials.untyped_storage().data_ptr() for p in contexts]
+    assert starts[0] == starts[1] != starts[2] == scratch.buffers["partials"].data_ptr()
+
+
 @pytest.mark.parametrize("epilogue_split", [2, 4])
 @pytest.mark.parametrize("ffn", [64, 80])
 def test_epilogue_on_column_pieces(interpreted, epilogue_split: int, ffn: int) -> None:
@@ -894,9 +910,10 @@ def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [64, 128, 196, 256, 296, 336, 512, 2048])
-def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int) -> None:
-    """A call context's later calls replay its first call's launches (launch.py, through replay.c) with their own
-    tensors: on inputs at other addresses they give the same bits as a first call on those inputs, in every bucket."""
+def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int, monkeypatch) -> None:
+    """A call context's calls replay the launches its first call described (launch.py, through replay.c) with their
+    own tensors: on inputs at other addresses they give the same bits as the launcher's code issuing its launches
+    through the JIT on those inputs, in every bucket."""
     module = solution_module()
     dims = Dims(batch_seq_len=2 * tokens + 3, num_tokens=tokens)
     first, second = (generate_inputs(dims, seed, "cuda") for seed in (1, 2))
@@ -907,7 +924,11 @@ def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int) -> None:
         return outputs
 
     module.forget_call_contexts()
-    launched = outputs_of(second)
+    with monkeypatch.context() as unrecorded:
+        program = module.CallProgram
+        unrecorded.setattr(module, "CallProgram", lambda record: program(record=False))
+        launched = outputs_of(second)
+        assert next(iter(module._CONTEXTS.values())).program.native is None  # issued through the JIT
     module.forget_call_contexts()
     outputs_of(first)
     (context,) = module._CONTEXTS.values()

@@ -65,28 +65,18 @@ def describe_launch(
 ) -> NativeLaunch:
     """The native description of a launch of `compiled` with `values` (every parameter of the kernel, constexprs
     included, as the JIT was handed them); raises Unsupported where it cannot be made."""
-    run = compiled.run
-    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
-        raise Unsupported("the kernel needs scratch memory allocated per launch")
-    descriptor_positions, metadata, encode = _descriptor_handling(run)
-    signature = list(compiled.src.signature.values())
+    run, signature, descriptors, encode = _launcher_layout(compiled)
     if len(signature) != len(values):
         raise Unsupported(f"{len(values)} values for {len(signature)} parameters")
     flat_types: list[str] = []
     flat_values: list[Any] = []
     maps_of: dict[int, torch.Tensor] = {}  # flat position of a descriptor's map -> its base
-    described = 0
-    for position, (kind, value) in enumerate(zip(signature, values)):
-        if not isinstance(kind, str):
-            raise Unsupported(f"parameter type {kind!r}")
-        if position in descriptor_positions:
-            meta = metadata[described] if metadata else None
-            described += 1
-            ndim = re.match(r"tensordesc<[^[>]*\[([^]]*)\]", kind).group(1).count(",") + 1
-            head = ["nvTmaDesc"] if meta is not None else ["*", *["i64"] * (2 * ndim), "i1"]
+    for kind, value in zip(signature, values):
+        if kind in descriptors:
+            meta, types = descriptors[kind]
             if meta is not None:
                 maps_of[len(flat_values)] = value.base
-            flat_types += [*head, *["i32"] * ndim, *["i64"] * ndim]
+            flat_types += types
             flat_values += encode(value, meta)
         else:
             flat_types.append(kind)
@@ -119,6 +109,30 @@ def describe_launch(
             raise Unsupported(f"parameter type {kind}")
     launch.params += [(POINTER_SIZE, 0)] * SCRATCH_POINTERS
     return launch
+
+
+@functools.cache
+def _launcher_layout(compiled: Any) -> tuple[Any, list, dict[Any, tuple[Any, list[str]]], Callable | None]:
+    """What describe_launch reads of a compiled kernel, once per kernel: its launcher, its signature with each tensor
+    descriptor parameter as a key of `descriptors`, which gives the descriptor's metadata and its expanded types, and
+    Triton's descriptor encoder."""
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        raise Unsupported("the kernel needs scratch memory allocated per launch")
+    descriptor_positions, metadata, encode = _descriptor_handling(run)
+    signature: list[Any] = []
+    descriptors: dict[Any, tuple[Any, list[str]]] = {}
+    for position, kind in enumerate(compiled.src.signature.values()):
+        if not isinstance(kind, str):
+            raise Unsupported(f"parameter type {kind!r}")
+        if position in descriptor_positions:
+            meta = metadata[len(descriptors)] if metadata else None
+            ndim = re.match(r"tensordesc<[^[>]*\[([^]]*)\]", kind).group(1).count(",") + 1
+            head = ["nvTmaDesc"] if meta is not None else ["*", *["i64"] * (2 * ndim), "i1"]
+            kind = ("descriptor", position)  # a key no scalar type can equal
+            descriptors[kind] = meta, [*head, *["i32"] * ndim, *["i64"] * ndim]
+        signature.append(kind)
+    return run, signature, descriptors, encode
 
 
 def _address(value: Any) -> int:

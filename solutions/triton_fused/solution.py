@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -107,6 +108,28 @@ def _grid(tiles: int, tile: Tile, device: torch.device) -> tuple[int]:
     return (min(tiles, tile.programs_per_sm * _multiprocessors(device)),)
 
 
+class StreamScratch:
+    """The intermediates and events of the calls made on one stream, shared by their call contexts: each context takes
+    views of its size at the start of each buffer, so that a context costs no device memory of its own and many can be
+    kept (a training run meets a new T for every expert of every layer). Calls on one stream are ordered, and each
+    ends with the stream waiting for the side stream, so a call's intermediates are free when the next call starts."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buffers: dict[str, torch.Tensor] = {}  # bytes, by name: no two intermediates share memory
+        self.events: list[torch.cuda.Event] = []  # in the order a call records them
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous (shape, dtype) view of the start of buffer `name`, which grows (to twice its size at least)
+        where it is too small: the contexts that took views of the smaller one keep it."""
+        size = math.prod(shape) * dtype.itemsize
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < size:
+            grown = size if buffer is None else max(size, 2 * buffer.numel())
+            buffer = self.buffers[name] = torch.empty(grown, dtype=torch.uint8, device=self.device)
+        return buffer[:size].view(dtype).view(shape)
+
+
 @dataclass
 class Problem:
     """The 12 inputs and 5 outputs of the current call, with the scratch buffers the stages pass along.
@@ -129,6 +152,8 @@ class Problem:
     # rather than per half and slice, so none where it runs unsplit
     dx_sums_halves: bool = False
     plan: Plan | None = None  # the plan whose calls the Problem serves (call_context keys it by the plan's identity)
+    # Where the intermediates live: call_context hands every context on one stream the same; None, the Problem's own
+    scratch: StreamScratch | None = None
     # Launches of the Gluon weight gradient so far in this call that claim their tiles, each from its own counter
     weight_grad_launches: int = field(default=0, init=False)
 
@@ -140,33 +165,34 @@ class Problem:
         self.ffn = self.inputs["w1_weight"].shape[0]
         self.device, operand = self.inputs["grad_output"].device, self.inputs["grad_output"].dtype
         self.routing_chunks = triton.cdiv(hidden, ROW_BLOCK_H)
-        self.g = torch.empty(self.rows, hidden, device=self.device, dtype=operand)
-        self.ge = torch.empty_like(self.g)
-        self.x_precise = torch.empty(self.rows, hidden, device=self.device, dtype=self.precise_dtype)
-        self.routing_partials = torch.empty(self.tokens, self.routing_chunks, device=self.device, dtype=torch.float32)
-        self.dd = torch.empty(self.rows, 2 * self.ffn, device=self.device, dtype=self.precise_dtype)
-        self.dd_low = torch.empty_like(self.dd, dtype=operand) if self.low_copy else None
+        if self.scratch is None:
+            self.scratch = StreamScratch(self.device)
+        take = self.scratch.take
+        self.g = take("g", (self.rows, hidden), operand)
+        self.ge = take("ge", (self.rows, hidden), operand)
+        self.x_precise = take("x_precise", (self.rows, hidden), self.precise_dtype)
+        self.routing_partials = take("routing_partials", (self.tokens, self.routing_chunks), torch.float32)
+        self.dd = take("dd", (self.rows, 2 * self.ffn), self.precise_dtype)
+        self.dd_low = take("dd_low", (self.rows, 2 * self.ffn), operand) if self.low_copy else None
         # one partial per half and slice of K, or per slice where a program sums both halves; none for a single one
         # that dx stores into the rows itself
         partials = self.dx_split if self.dx_sums_halves else 2 * self.dx_split
-        self.partials = torch.empty(partials, self.tokens, hidden, device=self.device, dtype=operand) if partials > 1 else None
+        self.partials = take("partials", (partials, self.tokens, hidden), operand) if partials > 1 else None
         # The call's counters, which the gather (the first kernel on either stream) zeroes: the dynamic Gluon weight
         # gradient's tile claims, one per launch, then dx's arrivals (with dx_to_rows and more than one partial)
         split_to_rows = self.dx_to_rows and partials > 1
-        self.counters = torch.empty(TILE_COUNTERS + (self.dx_tiles if split_to_rows else 0), device=self.device,
-                                    dtype=torch.int32)  # fmt: skip
+        self.counters = take("counters", (TILE_COUNTERS + (self.dx_tiles if split_to_rows else 0),), torch.int32)
         if self.counters.numel() > self.rows * self.routing_chunks:
             raise ValueError(
                 f"the gather's {self.rows * self.routing_chunks} programs zero the call's counters, one each: "
                 f"too few for {self.counters.numel()}"
             )
         self.arrivals = self.counters[TILE_COUNTERS:] if split_to_rows else None
-        self.program = CallProgram()
-        # The call's descriptors and events, in the order the call asks for them (the same in every call of this
-        # Problem), made on the first call and reused: a descriptor gets the call's tensor as its base (shape, strides
-        # and block are the Problem's), an event is recorded again.
+        self.program = CallProgram(record=self.device.type == "cuda")
+        # The call's descriptors, in the order the call asks for them (the same in every call of this Problem), made on
+        # the first call and reused: a descriptor gets the call's tensor as its base (shape, strides and block are the
+        # Problem's). Its events, likewise, are the stream's (StreamScratch.events).
         self._descriptors: list[TensorDescriptor | GluonTensorDescriptor] = []
-        self._events: list[torch.cuda.Event] = []
         self._next_descriptor = self._next_event = 0
         # the stream the calls are made on (call_context keys the Problem by it; CUDA only)
         self.caller = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
@@ -180,9 +206,10 @@ class Problem:
         self.weight_grad_launches = self._next_descriptor = self._next_event = 0
         self.issuing = None
 
-    def end(self) -> None:
-        """The launcher's code has issued the call: let go of its tensors (the descriptors' bases included)."""
-        self.program.end()
+    def end(self, completed: bool = True) -> None:
+        """The launcher's code has issued (or described) the call, or raised (not `completed`): let go of its tensors
+        (the descriptors' bases included)."""
+        self.program.end(completed)
         self.inputs = self.outputs = {}
         for descriptor in self._descriptors:
             descriptor.base = None
@@ -224,9 +251,10 @@ class Problem:
         """An event marking the work issued so far on `stream` (None without a side stream: all work is in order)."""
         if stream is None:
             return None
-        if self._next_event == len(self._events):
-            self._events.append(torch.cuda.Event())
-        event = self._events[self._next_event]
+        events = self.scratch.events
+        if self._next_event == len(events):
+            events.append(torch.cuda.Event())
+        event = events[self._next_event]
         self._next_event += 1
         self.program.record(event, stream)
         return event
@@ -491,10 +519,11 @@ def scatter(p: Problem, routing_only: bool = False) -> None:
     )  # fmt: skip
 
 
-# Call contexts kept (call_context): a training run meets a few shapes, a benchmark suite ten; each context holds the
-# scratch of one shape (about 0.3 GB at T = 2048).
-CONTEXTS_KEPT = 8
+# Call contexts kept (call_context): one per T a run meets (a training run, a new T for every expert of every layer,
+# each of them again in the next step), each its descriptors and C program, its intermediates in the stream's scratch.
+CONTEXTS_KEPT = 1024
 _CONTEXTS: collections.OrderedDict[tuple, Problem] = collections.OrderedDict()
+_STREAM_SCRATCH: dict[tuple, StreamScratch] = {}  # by (device, raw stream): see StreamScratch
 # The kept context whose C program last replayed a call of each (plan, precise dtype, device, stream): the next such
 # call tries it first, and its program checks the call's tensors as it reads their addresses. call_context's key reads
 # and hashes four attributes of each of the 17 tensors in Python, the largest host cost before the first launch of a
@@ -518,7 +547,10 @@ def call_context(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: tor
     key = (*stream_key, *map(layout, tensors))
     p = _CONTEXTS.get(key)
     if p is None:
-        p = _new_problem(tensors, plan, precise_dtype)
+        scratch = _STREAM_SCRATCH.get(stream_key[2:])
+        if scratch is None:
+            scratch = _STREAM_SCRATCH[stream_key[2:]] = StreamScratch(tensors[0].device)
+        p = _new_problem(tensors, plan, precise_dtype, scratch)
         _CONTEXTS[key] = p
         if len(_CONTEXTS) > CONTEXTS_KEPT:
             _, dropped = _CONTEXTS.popitem(last=False)
@@ -530,12 +562,13 @@ def call_context(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: tor
 
 
 def forget_call_contexts() -> None:
-    """Drop every call context, so that the next call of each shape is a first call (tests)."""
+    """Drop every call context and the streams' scratch, so that the next call of each shape is a first call (tests)."""
     _CONTEXTS.clear()
     _LAST_REPLAYED.clear()
+    _STREAM_SCRATCH.clear()
 
 
-def _new_problem(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: torch.dtype) -> Problem:
+def _new_problem(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: torch.dtype, scratch: StreamScratch) -> Problem:
     """Check that the plan can run on these tensors and make their Problem."""
     if len(tensors) != len(INPUT_NAMES) + len(OUTPUT_NAMES):
         raise ValueError(
@@ -559,6 +592,7 @@ def _new_problem(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: tor
         dx_tiles,
         dx_sums_halves=isinstance(d, TritonDx) and d.to_rows,
         plan=plan,
+        scratch=scratch,
     )
 
 
@@ -573,12 +607,22 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     if last is not None and last.program.native(tensors):
         return
     p = call_context(tensors, plan, precise_dtype, stream_key)
-    if p is last or p.program.native is None or not p.program.native(tensors):  # `last` refused these tensors already
-        p.begin(tensors)
-        _issue(p, plan)
-        p.end()
-    if p.program.native is not None:
+    if p.program.records_next_call:  # the context's first call: its launches described, none issued
+        _run_launcher(p, plan, tensors)
+    if p is not last and p.program.native is not None and p.program.native(tensors):  # `last` refused them already
         _LAST_REPLAYED[stream_key] = p
+        return
+    _run_launcher(p, plan, tensors)
+
+
+def _run_launcher(p: Problem, plan: Plan, tensors: Sequence[torch.Tensor]) -> None:
+    p.begin(tensors)
+    completed = False
+    try:
+        _issue(p, plan)
+        completed = True
+    finally:
+        p.end(completed)
 
 
 def _issue(p: Problem, plan: Plan) -> None:
