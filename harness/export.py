@@ -138,6 +138,8 @@ TIMING_METHODS = {
     "device_time_us": "CUDA events, the GPU's queue kept full by a spin ahead of each batch, L2 flushed before each call, "
     "calls rotating over a few input sets redrawn in place",
     "host_us": "the host's wall clock around the call alone, on an idle device",
+    "mixed_tokens_latency_us": "as latency_us, with T changing every call: the calls cycle through the T nearest the "
+    "workload's (mixed_tokens), after one untimed round over them (bench --mixed-tokens)",
 }
 
 
@@ -174,6 +176,8 @@ class RecordWorkload(BaseModel):
     latency_us: LatencyStats | None = Field(description="call latency: synchronised before each call, fresh input addresses")
     device_time_us: LatencyStats | None = Field(description="device time: the GPU's queue kept full")
     host_us: LatencyStats | None = Field(description="the solution's own host time to issue one call")
+    mixed_tokens: list[int] = Field(description="the T of the mixed-T timing's calls; none where not timed")
+    mixed_tokens_latency_us: LatencyStats | None = Field(description="call latency with T changing every call")
     flags: list[str]
     percent_of_sol: float | None
     percent_of_sol_measured: float | None
@@ -232,6 +236,8 @@ def leaderboard_record(
                 latency_us=LatencyStats.of(w.call_latency),
                 device_time_us=LatencyStats.of(w.device_time),
                 host_us=LatencyStats.of(w.host),
+                mixed_tokens=w.mixed_tokens.tokens if w.mixed_tokens else [],
+                mixed_tokens_latency_us=LatencyStats.of(w.mixed_tokens.timing if w.mixed_tokens else None),
                 flags=list(w.flags),
                 percent_of_sol=w.percent_of_sol,
                 percent_of_sol_measured=w.percent_of_sol_measured,
@@ -276,6 +282,7 @@ def leaderboard_record(
             "mean_sol_score": _finite(float(row["mean_sol_score"])),
             "mean_device_time_us": _finite(float(row["mean_device_us"])),
             "mean_device_sol_score": _finite(float(row["mean_device_sol_score"])),
+            "mean_mixed_tokens_latency_us": _finite(float(row["mean_mixed_us"])),
         },
         workloads=workloads,
         implementation={

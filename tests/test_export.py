@@ -114,6 +114,10 @@ def test_leaderboard_record_of_triton_fused() -> None:
     assert record.aggregates["mean_latency_us"] == pytest.approx(sum(w.latency_us for w in result.workloads) / 16)
     assert record.aggregates["mean_device_time_us"] == pytest.approx(sum(w.device_us for w in result.workloads) / 16)
     assert all(w.latency_us.mean >= w.device_time_us.mean * 0.9 and w.host_us.n == w.latency_us.n for w in record.workloads)
+    mixed = [w.mixed_tokens.timing.mean_us for w in result.workloads]  # the committed run has the mixed-T timing
+    assert [w.mixed_tokens_latency_us.mean for w in record.workloads] == mixed
+    assert record.aggregates["mean_mixed_tokens_latency_us"] == pytest.approx(sum(mixed) / 16)
+    assert all(len(w.mixed_tokens) == 8 and w.axes["num_tokens"] not in w.mixed_tokens for w in record.workloads)
     assert record.problem["alias"] == "009_expert_token_scatter_with_weighted_forward_backward"
     assert record.protocol["harness_commit"] == result.provenance.git_commit
     assert record.protocol["launch_audit"].startswith("cupti-python")  # the committed run was launch-audited
