@@ -135,9 +135,8 @@ class Problem:
     """The 12 inputs and 5 outputs of the current call, with the scratch buffers the stages pass along.
 
     One Problem serves every call whose plan and tensors' shapes, strides, dtypes and alignment are the same
-    (call_context): its scratch buffers, the descriptors over them, its events and its launch sites (launch.py) are
-    made once, and each call binds its own inputs and outputs (begin). Calls on one stream are ordered, and each
-    ends with the caller's stream waiting for the side stream, so a call's scratch is free when the next one starts.
+    (call_context): its views of the stream's scratch (StreamScratch), the descriptors over them and its launch sites
+    (launch.py) are made once, and each call binds its own inputs and outputs (begin).
     """
 
     inputs: dict[str, torch.Tensor]
