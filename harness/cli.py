@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
@@ -168,11 +169,19 @@ def _optional_timing(timing: GraphTiming | MixedTokensTiming | None) -> str:
     return "-" if timing is None else "[red]failed[/red]" if timing.error else _us(timing.timing.mean_us)
 
 
+ERROR_SHOWN = 240  # characters of an optional timing's error in the bench's output
+
+
 def print_failures(workloads: list[WorkloadResult]) -> None:
+    """What failed, per workload: its status and message, and the error of an optional timing that failed."""
     for w in workloads:
         if w.status is not Status.PASSED and w.message:
             first_lines = "\n    ".join(w.message.splitlines()[:6])
             console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {w.status.value}: {first_lines}", highlight=False, markup=True)
+        for name, timing in (("CUDA graph", w.cuda_graph), ("mixed T", w.mixed_tokens)):
+            if timing is not None and timing.error:
+                error = escape(textwrap.shorten(timing.error, ERROR_SHOWN, placeholder=" ... (the result file has it all)"))
+                console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {name}: {error}", highlight=False, markup=True)
 
 
 @app.command()

@@ -773,7 +773,7 @@ class Bench:
         fresh = FreshAddresses([*inputs.values(), *allocate_outputs(workload, self.device)], len(tokens) * rounds)
         del inputs
         verified = {t: 1 + secrets.randbelow(rounds - 1) for t in tokens}  # the timed round whose call is checked
-        failures: list[str] = []
+        failures: dict[int, str] = {}
         current: dict[str, torch.Tensor] = {}
         buffers: list[torch.Tensor] = []
 
@@ -795,7 +795,7 @@ class Bench:
                 shaped = workload.model_copy(update={"num_tokens": t})
                 _, status, detail = check_outputs(shaped, buffers, compute_reference(current))
                 if status is not Status.PASSED:
-                    failures.append(f"T = {t}: {detail}")
+                    failures[t] = detail
 
         timed = len(tokens) * (rounds - 1)
         # every round, whatever the time: the checked calls are in all of them
@@ -806,7 +806,8 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is this timing's result
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error="during the calls: " + _describe_exception(exc))
         if failures:
-            return MixedTokensTiming(tokens=tokens, rounds=rounds, error="outputs fail the check: " + "; ".join(failures))
+            error = "outputs fail the check: " + "; ".join(f"T = {t}: {failures[t]}" for t in tokens if t in failures)
+            return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error)
         return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host)
 
     def _verify_timed_outputs(

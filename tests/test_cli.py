@@ -140,6 +140,24 @@ def test_failing_workloads_exit_1(tmp_path: Path, make_solution) -> None:
     assert "INCORRECT_NUMERICAL" in result.output
 
 
+def test_a_failed_mixed_t_timing_is_named_with_its_error(tmp_path: Path, make_solution) -> None:
+    """bench --mixed-tokens: a solution right only at the T of its first call passes the workload, and the table
+    marks its mixed-T timing failed, with the check's words below it."""
+    body = (
+        "from reference import reference_backward\nFIRST = []\n\ndef run(*tensors):\n"
+        "    FIRST[:] = FIRST or [tensors[1].numel()]\n"
+        "    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):\n"
+        "        out.copy_(value if tensors[1].numel() == FIRST[0] else 0 * value)\n"
+    )
+    root = make_solution("one_shape", body)
+    result = invoke("bench", "-s", "one_shape", "-w", "4", "--mixed-tokens", "--trials", "1", "--max-calls", "4",
+                    "--solutions-dir", str(root), "--results-dir", str(tmp_path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "passed 1/1" in result.output and "mixed T" in result.output and "failed" in result.output
+    assert "#4 smoke-t67-b197 mixed T: outputs fail the check: T = 66: grad_hidden_states" in result.output
+    assert "(the result file has it all)" in result.output  # the eight T's failures, cut short
+
+
 def test_side_by_side_bench_writes_one_file_per_solution(tmp_path: Path) -> None:
     result = invoke(
         "bench", "-s", "torch_eager,reference_fp32", "-w", "0", "-w", "3", "--trials", "1", "--max-calls", "4",
