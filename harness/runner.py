@@ -15,7 +15,8 @@ reference, and outputs identical to an earlier trial's (a replay). The last tria
 one's inputs with grad_output alone redrawn, so that a cache keyed on the other inputs replays. A workload
 passes when every trial passes. A workload that completed (passed, or only numerically wrong) is then
 timed (device time, then call latency and host cost: harness.timing), and the outputs of the last timed call
-on each input set and of the last call at fresh addresses are checked again. The trials and timings run under the
+on each input set and of the last call at fresh addresses are checked again; where asked, the call replayed from a
+CUDA graph and calls whose T changes every call (the mixed-T timing) are timed last. The trials and timings run under the
 launch audit (harness.launch_audit: CUPTI where installed, NVML where the driver has it), whose verdict on GPU work
 issued by another thread, or by a process the solution started, while no call was running comes last.
 """
