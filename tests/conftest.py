@@ -14,6 +14,19 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
+# A solution right only at the T of its first call (zeros elsewhere): it passes a workload, and fails at other T
+# (bench --mixed-tokens).
+ONE_SHAPE = """
+from reference import reference_backward
+
+FIRST = []
+
+def run(*tensors):
+    FIRST[:] = FIRST or [tensors[1].numel()]
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value if tensors[1].numel() == FIRST[0] else 0 * value)
+"""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:

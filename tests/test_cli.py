@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from harness import compare as comparing
 from harness.cli import app
 from harness.registry import discover
-from tests.conftest import HAS_CUDA
+from tests.conftest import HAS_CUDA, ONE_SHAPE
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
 
@@ -143,13 +143,7 @@ def test_failing_workloads_exit_1(tmp_path: Path, make_solution) -> None:
 def test_a_failed_mixed_t_timing_is_named_with_its_error(tmp_path: Path, make_solution) -> None:
     """bench --mixed-tokens: a solution right only at the T of its first call passes the workload, and the table
     marks its mixed-T timing failed, with the check's words below it."""
-    body = (
-        "from reference import reference_backward\nFIRST = []\n\ndef run(*tensors):\n"
-        "    FIRST[:] = FIRST or [tensors[1].numel()]\n"
-        "    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):\n"
-        "        out.copy_(value if tensors[1].numel() == FIRST[0] else 0 * value)\n"
-    )
-    root = make_solution("one_shape", body)
+    root = make_solution("one_shape", ONE_SHAPE)
     result = invoke("bench", "-s", "one_shape", "-w", "4", "--mixed-tokens", "--trials", "1", "--max-calls", "4",
                     "--solutions-dir", str(root), "--results-dir", str(tmp_path))  # fmt: skip
     assert result.exit_code == 0, result.output

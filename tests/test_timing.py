@@ -23,6 +23,7 @@ from harness.timing import (
 )
 from harness.workloads import load_named_suite
 from reference.problem import Dims
+from tests.conftest import ONE_SHAPE
 
 SMOKE = load_named_suite("smoke")
 FAST = TimingConfig(warmup_calls=1, min_calls=4, max_calls=6, batch_calls=2)
@@ -144,18 +145,6 @@ def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_alone(make_solutio
     assert mixed.timing is None and mixed.error.startswith("outputs fail the check: T = ")
     save(result, root.parent / "results" / "cpu" / "one_shape.json")
     assert math.isnan(comparing.summary(comparing.load_frame(root.parent / "results")).mean_mixed_us.iloc[0])
-
-
-ONE_SHAPE = """
-from reference import reference_backward
-
-FIRST = []
-
-def run(*tensors):
-    FIRST[:] = FIRST or [tensors[1].numel()]
-    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
-        out.copy_(value if tensors[1].numel() == FIRST[0] else 0 * value)
-"""
 
 
 HOST_SLEEP = """
