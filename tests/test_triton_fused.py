@@ -943,11 +943,11 @@ def test_replayed_calls_give_the_bits_of_launched_ones(tokens: int, monkeypatch)
 
 @pytest.mark.gpu
 def test_a_call_laid_out_unlike_the_last_replayed_one_takes_its_own_context(monkeypatch) -> None:
-    """backward tries first the context that last replayed on its plan and stream, whose C program refuses tensors of
-    other shapes: two shapes of one plan, called in turn, each give the bits of their first call; a dropped context
-    is never tried."""
+    """backward tries first the context that last replayed on its plan, stream and T, whose C program refuses tensors
+    of other shapes: three shapes of one plan, two of them of one T, called in turn, each give the bits of their first
+    call; a dropped context is never tried."""
     module = solution_module()
-    shapes = [Dims(batch_seq_len=batch, num_tokens=256) for batch in (512, 2048)]  # one plan
+    shapes = [Dims(batch_seq_len=batch, num_tokens=tokens) for batch, tokens in ((512, 256), (2048, 256), (2048, 250))]
     inputs = [generate_inputs(dims, seed, "cuda") for seed, dims in enumerate(shapes)]
 
     def outputs_of(dims: Dims, tensors: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -964,7 +964,7 @@ def test_a_call_laid_out_unlike_the_last_replayed_one_takes_its_own_context(monk
         for dims, tensors, expected in zip(shapes, inputs, first_calls):
             for name, out, bits in zip(module.OUTPUT_NAMES, outputs_of(dims, tensors), expected):
                 assert torch.equal(out, bits), name
-    assert len(module._CONTEXTS) == 2 and len(module._LAST_REPLAYED) == 1
+    assert len(module._CONTEXTS) == 3 and len(module._LAST_REPLAYED) == 2  # one per T
 
     monkeypatch.setattr(module, "CONTEXTS_KEPT", 1)
     module.forget_call_contexts()

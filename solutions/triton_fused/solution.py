@@ -523,10 +523,11 @@ def scatter(p: Problem, routing_only: bool = False) -> None:
 CONTEXTS_KEPT = 1024
 _CONTEXTS: collections.OrderedDict[tuple, Problem] = collections.OrderedDict()
 _STREAM_SCRATCH: dict[tuple, StreamScratch] = {}  # by (device, raw stream): see StreamScratch
-# The kept context whose C program last replayed a call of each (plan, precise dtype, device, stream): the next such
+# The kept context whose C program last replayed a call of each (plan, precise dtype, device, stream, T): the next such
 # call tries it first, and its program checks the call's tensors as it reads their addresses. call_context's key reads
 # and hashes four attributes of each of the 17 tensors in Python, the largest host cost before the first launch of a
-# call that follows a synchronisation, which the caller waits for in full.
+# call that follows a synchronisation, which the caller waits for in full. Keyed by T as well, since a training step
+# changes T from one call to the next and meets each T again in the next step.
 _LAST_REPLAYED: dict[tuple, Problem] = {}
 
 
@@ -602,14 +603,15 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
     """
     plan = plan or plan_for(tensors[1].numel())
     stream_key = _stream_key(tensors[0], plan, precise_dtype)
-    last = _LAST_REPLAYED.get(stream_key)
+    last_key = (*stream_key, tensors[1].numel())
+    last = _LAST_REPLAYED.get(last_key)
     if last is not None and last.program.native(tensors):
         return
     p = call_context(tensors, plan, precise_dtype, stream_key)
     if p.program.records_next_call:  # the context's first call: its launches described, none issued
         _run_launcher(p, plan, tensors)
     if p is not last and p.program.native is not None and p.program.native(tensors):  # `last` refused them already
-        _LAST_REPLAYED[stream_key] = p
+        _LAST_REPLAYED[last_key] = p
         return
     _run_launcher(p, plan, tensors)
 
