@@ -20,6 +20,7 @@ from harness.export import ExportError, bundled_reference_source, exported_sourc
 from harness.provenance import REPO_ROOT
 from harness.registry import discover, get_solution
 from harness.results import RESULTS_DIR, load_result
+from harness.runner import MIXED_TOKEN_COUNTS
 from harness.solexecbench import (
     Definition,
     FormatError,
@@ -117,7 +118,7 @@ def test_leaderboard_record_of_triton_fused() -> None:
     mixed = [w.mixed_tokens.timing.mean_us for w in result.workloads]  # the committed run has the mixed-T timing
     assert [w.mixed_tokens_latency_us.mean for w in record.workloads] == mixed
     assert record.aggregates["mean_mixed_tokens_latency_us"] == pytest.approx(sum(mixed) / 16)
-    assert all(len(w.mixed_tokens) == 8 and w.axes["num_tokens"] not in w.mixed_tokens for w in record.workloads)
+    assert all(len(w.mixed_tokens) == MIXED_TOKEN_COUNTS and w.axes["num_tokens"] not in w.mixed_tokens for w in record.workloads)
     assert record.problem["alias"] == "009_expert_token_scatter_with_weighted_forward_backward"
     assert record.protocol["harness_commit"] == result.provenance.git_commit
     assert record.protocol["launch_audit"].startswith("cupti-python")  # the committed run was launch-audited
