@@ -108,7 +108,8 @@ def workload_table(result: BenchResult) -> Table:
         "synchronised per call at fresh addresses; device: queue kept full; host: the solution's own issue time; floor: "
         "the call latency of one kernel's launch, timed just before)"
     )
-    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "floor", "graph", "mixed T")
+    names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "floor", "graph", "mixed T",
+             "slowest T")  # fmt: skip
     columns: dict[str, list[str]] = {name: [] for name in names}
     scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S", "S device")}
     notes: dict[str, list[str]] = {"worst ratio": [], "flags": []}
@@ -122,7 +123,7 @@ def workload_table(result: BenchResult) -> Table:
                 _us(t.mean_us if t else None), _us((t.ci95_high_us - t.mean_us) if t else None),
                 _us(t.median_us if t else None), str(t.n) if t else "-", _us(w.device_us),
                 _us(w.host.median_us if w.host else None), _us(w.launch_floor.latency_us if w.launch_floor else None),
-                _optional_timing(w.cuda_graph), _optional_timing(w.mixed_tokens),
+                _optional_timing(w.cuda_graph), _optional_timing(w.mixed_tokens), _slowest_token_count(w.mixed_tokens),
             ),
         ):  # fmt: skip
             columns[name].append(text)
@@ -131,7 +132,7 @@ def workload_table(result: BenchResult) -> Table:
         ratios = [o.matched_ratio for trial in w.trials for o in trial.outputs if o.matched_ratio is not None]
         notes["worst ratio"].append(f"{min(ratios):.4f}" if ratios else "-")
         notes["flags"].append(", ".join(w.flags))
-    for optional in ("graph", "mixed T"):
+    for optional in ("graph", "mixed T", "slowest T"):
         if all(cell == "-" for cell in columns[optional]):
             del columns[optional]
     columns.update({name: cells for name, cells in scores.items() if any(cell != "-" for cell in cells)})
@@ -167,6 +168,14 @@ def kernel_tables(result: BenchResult) -> list[Table]:
 def _optional_timing(timing: GraphTiming | MixedTokensTiming | None) -> str:
     """The cell of a timing bench makes only when asked (--cuda-graph, --mixed-tokens)."""
     return "-" if timing is None else "[red]failed[/red]" if timing.error else _us(timing.timing.mean_us)
+
+
+def _slowest_token_count(mixed: MixedTokensTiming | None) -> str:
+    """The mixed-T timing's slowest T and its mean call latency, where each T's was recorded."""
+    if mixed is None or not mixed.tokens_us:
+        return "-"
+    latency, tokens = max(zip(mixed.tokens_us, mixed.tokens))
+    return f"{tokens}: {_us(latency)}"
 
 
 ERROR_SHOWN = 240  # characters of an optional timing's error in the bench's output

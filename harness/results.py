@@ -143,6 +143,8 @@ class MixedTokensTiming(BaseModel):
     tokens: list[int]
     rounds: int
     timing: TimingStats | None = None
+    # each T's mean, in the order of `tokens`: where one T costs more than its neighbours (a tile or plan limit)
+    tokens_us: list[float] = Field(default_factory=list, description="mean call latency of each T (empty before it)")
     host: TimingStats | None = None
     error: str = ""
 

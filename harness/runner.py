@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import secrets
+import statistics
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -803,14 +804,16 @@ class Bench:
         # every round, whatever the time: the checked calls are in all of them
         config = replace(self.options.timing, warmup_calls=len(tokens), min_calls=timed, max_calls=timed,
                          batch_calls=len(tokens), max_seconds=math.inf)  # fmt: skip
+        samples: list[float] = []  # timed call k is of T tokens[k % len(tokens)]: the untimed round is one whole cycle
         try:
-            latency, host = time_call_latency(timed_call, prepare, self.device, config, after)
+            latency, host = time_call_latency(timed_call, prepare, self.device, config, after, samples)
         except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is this timing's result
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error="during the calls: " + _describe_exception(exc))
         if failures:
             error = "outputs fail the check: " + "; ".join(f"T = {t}: {failures[t]}" for t in tokens if t in failures)
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error)
-        return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host)
+        tokens_us = [statistics.fmean(samples[k :: len(tokens)]) for k in range(len(tokens))]
+        return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host, tokens_us=tokens_us)
 
     def _verify_timed_outputs(
         self,

@@ -161,11 +161,12 @@ def time_call_latency(
     device: torch.device,
     config: TimingConfig = TimingConfig(),
     after: Callable[[int], None] = _nothing,
+    samples_out: list[float] | None = None,
 ) -> tuple[TimingStats, TimingStats]:
     """(call latency, host cost) of `call(i)` for i = 0, 1, ...: `prepare(i)` gives call i its fresh inputs (at
     addresses of its own, see FreshAddresses) outside the timed window; the device is idle when each call starts;
     `after(i)` runs once the call has finished, outside the window. At most config.warmup_calls + config.max_calls
-    calls are made."""
+    calls are made. `samples_out`, where given, receives each timed call's latency in order (the warm-ups' left out)."""
     flush = L2Flusher(device) if device.type == "cuda" else None
     samples: list[float] = []
     host: list[float] = []
@@ -202,6 +203,8 @@ def time_call_latency(
         ):
             break
     clock = "cuda_events" if flush is not None else "cpu_wall"
+    if samples_out is not None:
+        samples_out.extend(samples)
     return (
         TimingStats.from_samples(
             samples, clock, config.warmup_calls, input_sets=0, late_work=_late_work(charges) if flush else None

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from harness import compare as comparing
+from harness.cli import workload_table
 from harness.registry import get_solution
 from harness.results import LateWork, TimingStats, save
 from harness.runner import MIXED_TOKEN_ROUNDS, Bench, BenchOptions, late_work_habit, mixed_token_counts
@@ -100,6 +102,7 @@ def test_mixed_token_counts_take_the_nearest_other_t_within_the_batch() -> None:
 
 
 SHAPES = """
+import time
 import torch
 from reference import reference_backward
 
@@ -107,6 +110,8 @@ CALLS = []  # (T, pointers) per call
 
 def run(*tensors):
     CALLS.append((tensors[1].numel(), tuple(t.data_ptr() for t in tensors)))
+    if tensors[1].numel() == 75:  # one T past a limit of the solution's
+        time.sleep(0.05)
     for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
         out.copy_(value)
 """
@@ -114,7 +119,8 @@ def run(*tensors):
 
 def test_mixed_tokens_cycle_through_other_t_at_fresh_addresses(make_solution) -> None:
     """bench --mixed-tokens: after the workload's own timings, rounds over the nearest other T, each call at addresses
-    no other call used; the timed rounds are the timing, and compare reads its mean."""
+    no other call used; the timed rounds are the timing, with each T's mean, and compare reads its mean. bench's table
+    names the slowest T."""
     root = make_solution("shapes", SHAPES)
     options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
     workload = SMOKE.workloads[4]  # B = 197, T = 67
@@ -127,6 +133,12 @@ def test_mixed_tokens_cycle_through_other_t_at_fresh_addresses(make_solution) ->
     assert [t for t, _ in calls] == mixed.tokens * MIXED_TOKEN_ROUNDS
     flat = [p for _, pointers in calls for p in pointers]
     assert len(set(flat)) == len(flat)
+    slowest = max(zip(mixed.tokens_us, mixed.tokens))
+    assert slowest[1] == 75 and slowest[0] > 50_000 > max(us for us, t in zip(mixed.tokens_us, mixed.tokens) if t != 75)
+    assert math.isclose(sum(mixed.tokens_us) / len(mixed.tokens), mixed.timing.mean_us)
+    console = Console(width=300, record=True)
+    console.print(workload_table(result))
+    assert f"75: {slowest[0]:,.1f}" in console.export_text()
     save(result, root.parent / "results" / "cpu" / "shapes.json")
     frame = comparing.load_frame(root.parent / "results")
     assert frame.mixed_us.iloc[0] == mixed.timing.mean_us == comparing.summary(frame).mean_mixed_us.iloc[0]
