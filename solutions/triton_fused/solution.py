@@ -555,7 +555,7 @@ def call_context(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: tor
         if len(_CONTEXTS) > CONTEXTS_KEPT:
             _, dropped = _CONTEXTS.popitem(last=False)
             for k in [k for k, kept in _LAST_REPLAYED.items() if kept is dropped]:
-                del _LAST_REPLAYED[k]  # its scratch is freed with it
+                del _LAST_REPLAYED[k]  # nothing keeps it (nor its views of an outgrown scratch buffer) alive
     else:
         _CONTEXTS.move_to_end(key)
     return p
