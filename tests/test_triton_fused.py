@@ -367,6 +367,12 @@ def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(129) is interpreted.plan_for(224) and interpreted.plan_for(225) is interpreted.plan_for(256)
     assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
+    # above 1024, dx's tiles of 64 rows where 128-row ones leave their last wave nearly empty (T = 2049: 272 tiles, 3
+    # waves of 132, against 528 of 64 rows in 4 waves of 0.56 the time)
+    short, wide = interpreted.plan_for(2049), interpreted.plan_for(2048)
+    tokens = (1025, 1500, 1600, 2000, 2048, 2049, 2200, 4096)
+    assert [t for t in tokens if interpreted.plan_for(t) is short] == [1025, 1500, 2049, 2200]
+    assert (short.dx.tile.block_m, wide.dx.tile.block_m) == (64, 128) and dataclasses.replace(short, dx=wide.dx) == wide
     plan = interpreted.plan_for(64)
     plan = dataclasses.replace(plan, dx=dataclasses.replace(plan.dx, split=4))
     assert plan.dx_k_step() == 64 and plan.dx_split(14336) == 4
@@ -557,8 +563,8 @@ def test_bucket_edges_pass_the_reference_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_each_bucket_compiles_once() -> None:
-    """Calls within one T bucket (different T and B) add no compiled variant after the bucket's first call."""
+def test_each_plan_compiles_once() -> None:
+    """Calls of one plan (different T and B) add no compiled variant after the plan's first call."""
     module = solution_module()
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
@@ -568,7 +574,8 @@ def test_each_bucket_compiles_once() -> None:
         (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the Gluon dx up to 1024
         (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
         (Dims(3967, 496), Dims(1200, 385), Dims(4096, 1024)),
-        (Dims(4096, 2048), Dims(2048, 1025), Dims(3000, 1501)),
+        (Dims(4096, 2048), Dims(4096, 1600), Dims(3000, 2000)),  # dx in 128-row tiles
+        (Dims(2048, 1025), Dims(3000, 1501), Dims(4096, 2049)),  # in 64-row tiles
     )
     for bucket in buckets:
         counts = []
@@ -582,7 +589,8 @@ def test_each_bucket_compiles_once() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "dims", [Dims(512, 64), Dims(997, 128), Dims(1571, 196), Dims(2371, 296), Dims(3967, 496), Dims(4096, 2048)],
+    "dims",
+    [Dims(512, 64), Dims(997, 128), Dims(1571, 196), Dims(2371, 296), Dims(3967, 496), Dims(4096, 2048), Dims(4096, 2049)],
     ids=lambda d: f"T{d.num_tokens}",
 )  # fmt: skip
 def test_repeated_calls_give_identical_bits(dims: Dims) -> None:

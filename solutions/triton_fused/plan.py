@@ -12,13 +12,14 @@ kernel takes and checks it:
   (`FusedDxGradW13`, which then also stands for the weight gradient);
 
 and a `Schedule`: which stages run on the second ("side") stream and where the per-token kernels (x16 with the routing
-sums, the zeros of unselected rows, the scatter) go. Plans are chosen per bucket of T (PLANS); the kernels do not
-specialise on T or B, so each bucket compiles once. Why each bucket's plan is what it is, with the A/B figures that
+sums, the zeros of unselected rows, the scatter) go. Plans are chosen per bucket of T (PLANS), and above 1024 by how
+dx's tiles fill the SMs' waves (plan_for); the kernels do not specialise on T or B, so each plan compiles once. Why each bucket's plan is what it is, with the A/B figures that
 chose it, is in docs/performance.md ("Plans per bucket").
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
@@ -365,8 +366,9 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=_GLUON_DX_INTO_ROWS,
         schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True, dh_behind_gather=True),
     )),
-    # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free.
-    (1 << 30, Plan(
+    # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free; dx's tiles
+    # of 128 rows or, where they pay (short_dx_tiles_pay), of 64.
+    (1 << 30, _LARGE_T_PLAN := Plan(
         dh=GluonDh(block_k=64, stages=3, act_width=16, act_buffers=1, fewest_programs=True, after_gather=True),
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(),
@@ -374,7 +376,29 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         schedule=Schedule(x16_at="after_gather", zeros_at="after_grad_w2", dx_on_side=(True, True)),
     )),
 )  # fmt: skip
+_LARGE_T_PLAN_SHORT_DX = replace(_LARGE_T_PLAN, dx=TritonDx(tile=replace(_DX_WIDE, block_m=64), split=1, to_rows=True))
+
+# Above 1024 dx's tiles (T / 128 rows by H / 256 columns, H = 4096 here) run in whole waves over the H200's 132 SMs, so
+# a T whose tiles just pass a multiple of 132 pays a nearly empty wave: T = 2049 runs 272 tiles in 3 waves where 2048
+# runs 256 in 2. Tiles of 64 rows, each taking about 0.56 of a 128-row tile's time, fill their waves differently.
+DX_COLUMN_TILES = 4096 // 256
+H200_MULTIPROCESSORS = 132
+SHORT_DX_TILE_TIME = 0.56
 
 
+def short_dx_tiles_pay(tokens: int) -> bool:
+    """Whether dx in 64-row tiles takes less time than in 128-row ones at T = `tokens`, counting whole waves."""
+
+    def waves(block_m: int) -> int:
+        tiles = -(-tokens // block_m) * DX_COLUMN_TILES
+        return -(-tiles // H200_MULTIPROCESSORS)
+
+    return SHORT_DX_TILE_TIME * waves(64) < waves(128)
+
+
+@functools.cache
 def plan_for(num_tokens: int) -> Plan:
-    return next(plan for limit, plan in PLANS if num_tokens <= limit)
+    plan = next(plan for limit, plan in PLANS if num_tokens <= limit)
+    if plan is _LARGE_T_PLAN and short_dx_tiles_pay(num_tokens):
+        return _LARGE_T_PLAN_SHORT_DX
+    return plan

@@ -752,7 +752,7 @@ def run(*tensors: torch.Tensor) -> None:
 
 def compiled_variants() -> int:
     """How many compiled binaries the twelve kernels hold (Triton's per-device caches): a test uses it to prove
-    that a bucket compiles once and that later calls in the bucket compile nothing."""
+    that a plan compiles once and that later calls of the plan compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
         weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, dx_grad_weight_ws_kernel, scatter_kernel,
