@@ -13,8 +13,8 @@ kernel takes and checks it:
 
 and a `Schedule`: which stages run on the second ("side") stream and where the per-token kernels (x16 with the routing
 sums, the zeros of unselected rows, the scatter) go. Plans are chosen per bucket of T (PLANS), and above 1024 by how
-dx's tiles fill the SMs' waves (plan_for); the kernels do not specialise on T or B, so each plan compiles once. Why each bucket's plan is what it is, with the A/B figures that
-chose it, is in docs/performance.md ("Plans per bucket").
+dx's tiles fill the SMs' waves (plan_for); the kernels do not specialise on T or B, so each plan compiles once. Why each
+bucket's plan is what it is, with the A/B figures that chose it, is in docs/performance.md ("Plans per bucket").
 """
 
 from __future__ import annotations
