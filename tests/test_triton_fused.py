@@ -543,16 +543,21 @@ def test_bf16_on_gpu_smoke_and_public(tmp_path: Path) -> None:
             assert result.status is Status.PASSED, f"{suite_name} #{result.index}: {result.message}"
 
 
-def test_edges_suite_covers_both_sides_of_every_bucket(interpreted) -> None:
-    """The edges suite, which the GPU test below checks, holds T = limit and limit + 1 of every bucket of the plans."""
+def test_edges_suite_covers_both_sides_of_every_plan_change(interpreted) -> None:
+    """The edges suite, which the GPU test below checks, holds T and T + 1 wherever the plan changes between them, up to
+    one past the public suite's largest T: every bucket's limit and the changes of dx's tiles above 1024."""
     tokens = {w.num_tokens for w in load_named_suite("edges").workloads}
-    for limit, _ in plan_types(interpreted).PLANS[:-1]:
-        assert {limit, limit + 1} <= tokens, limit
+    largest = max(w.num_tokens for w in load_named_suite("public").workloads)
+    changes = [t for t in range(1, largest + 1) if interpreted.plan_for(t) is not interpreted.plan_for(t + 1)]
+    limits = [limit for limit, _ in plan_types(interpreted).PLANS[:-1]]
+    assert changes == [*limits, 1536, 2048]  # above 1024, where dx's tiles change rows
+    for t in changes:
+        assert {t, t + 1} <= tokens, t
 
 
 @pytest.mark.gpu
 def test_bucket_edges_pass_the_reference_check(tmp_path: Path) -> None:
-    """Every plan on both sides of its bucket's edges, one token and T = 1500 against the float32 reference, as the
+    """Every plan on both sides of each change of plan, one token and T = 1500 against the float32 reference, as the
     harness checks the public suite (the edges suite: tolerances of the nearest public workloads)."""
     options = BenchOptions(trials=2, timing=TimingConfig(max_calls=10))
     bench = Bench(get_solution("triton_fused"), torch.device("cuda"), options, tmp_path)
