@@ -601,9 +601,10 @@ def backward(*tensors: torch.Tensor, plan: Plan | None = None, precise_dtype: to
 
     `precise_dtype` holds d_a, d_up and x for the weight gradients (fp16 on the GPU; the CPU tests use fp32).
     """
-    plan = plan or plan_for(tensors[1].numel())
+    tokens = tensors[1].numel()
+    plan = plan or plan_for(tokens)
     stream_key = _stream_key(tensors[0], plan, precise_dtype)
-    last_key = (*stream_key, tensors[1].numel())
+    last_key = (*stream_key, tokens)
     last = _LAST_REPLAYED.get(last_key)
     if last is not None and last.program.native(tensors):
         return
