@@ -364,7 +364,7 @@ def test_half_precision_path(interpreted) -> None:
 
 def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(64) is interpreted.plan_for(1)
-    assert interpreted.plan_for(129) is interpreted.plan_for(224) and interpreted.plan_for(225) is interpreted.plan_for(256)
+    assert interpreted.plan_for(129) is interpreted.plan_for(160) and interpreted.plan_for(193) is interpreted.plan_for(256)
     assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
     # above 1024, dx's tiles of 64 rows where 128-row ones leave their last wave nearly empty (T = 2049: 272 tiles, 3
@@ -528,7 +528,7 @@ def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
     gluon_dx = module.plan_for(256)
     assert isinstance(gluon_dx.dx, types.GluonDx) and not gluon_dx.low_copy
     assert not dataclasses.replace(gluon_dx, dh=gluon_dh).low_copy
-    assert module.plan_for(224).low_copy  # the swap-AB dx
+    assert module.plan_for(160).low_copy and module.plan_for(192).low_copy  # the swap-AB dx
     assert module.plan_for(64).low_copy and module.plan_for(2048).low_copy  # Triton's dx, after either dh
 
 
@@ -574,8 +574,9 @@ def test_each_plan_compiles_once() -> None:
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
         (Dims(997, 128), Dims(1024, 128), Dims(700, 65)),
-        (Dims(1571, 196), Dims(1721, 215), Dims(700, 129)),  # the swap-AB dx
-        (Dims(4096, 256), Dims(2053, 256), Dims(600, 225)),
+        (Dims(1000, 129), Dims(4096, 160), Dims(700, 144)),  # the swap-AB dx
+        (Dims(1571, 161), Dims(4096, 192), Dims(800, 176)),
+        (Dims(4096, 256), Dims(1571, 196), Dims(1721, 215)),
         (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the Gluon dx up to 1024
         (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
         (Dims(3967, 496), Dims(1200, 385), Dims(4096, 1024)),
@@ -869,7 +870,7 @@ def test_the_gluon_dx_reads_the_gluon_dhs_fp16_dd(dims: Dims) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(2048, 256), Dims(600, 240)], ids=lambda d: f"T{d.num_tokens}")
 def test_warp_specialized_dx_into_the_rows_gives_the_scatters_bits(dims: Dims) -> None:
-    """The warp-specialised Gluon dx (224 < T <= 256) stores the selected rows itself (GluonDx.to_rows: the last of
+    """The warp-specialised Gluon dx (192 < T <= 256) stores the selected rows itself (GluonDx.to_rows: the last of
     a tile's two programs to arrive adds the partials in fixed order) with the bits of scatter_kernel's sum, on every
     call (the arrival counters, which the gather zeroes, must not carry over)."""
     module = solution_module()

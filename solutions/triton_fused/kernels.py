@@ -16,7 +16,7 @@ streams. On the caller's stream:
                             (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
                             their entries of grad_routing_weights; where dx stores the rows itself (the Gluon dx
-                            at 224 < T <= 1024, dx_kernel above), only the latter, on the second stream right
+                            at 192 < T <= 1024, dx_kernel above), only the latter, on the second stream right
                             behind routing_x16_kernel
 
 and beside them, on a second stream (the launcher orders the two with events):
@@ -30,8 +30,8 @@ and beside them, on a second stream (the launcher orders the two with events):
                             T = 1025 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
                             64 < T <= 128 the fused Gluon kernel above, on the caller's stream, and at
                             128 < T <= 1024 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
-                            (tokens on wgmma's N side) up to T = 224, dx_warp_specialized.py's (over the fp16 dd)
-                            at 224 < T <= 1024
+                            (tokens on wgmma's N side) up to T = 192, dx_warp_specialized.py's (over the fp16 dd)
+                            at 192 < T <= 1024
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose

@@ -326,14 +326,16 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
     )),
-    # The swap-AB dx pays for 224 token rows where 128-row tiles pay for 256; grad_w1/grad_w3 keeps B resident.
-    (224, Plan(
+    # The swap-AB dx pays for 160 or 192 token rows where 128-row tiles pay for 256; grad_w1/grad_w3 keeps B resident.
+    # The zeros beside dh: behind grad_w2 they would delay dx on the side stream by a write of the B - T other rows.
+    (160, _SWAP_AB_PLAN := Plan(
         dh=TritonDh(_DH_WIDE, gathers_rows=True),
         grad_w2=GluonWeightGrad(dynamic=True),
         grad_w13=GluonWeightGrad(b_resident=True),
-        dx=SwapAbDx(chunks=(128, 64, 32), stages=4, split=2),
-        schedule=Schedule(zeros_at="after_grad_w2", dx_on_side=(True, True)),
+        dx=SwapAbDx(chunks=(128, 32), stages=4, split=2),
+        schedule=Schedule(dx_on_side=(True, True)),
     )),
+    (192, replace(_SWAP_AB_PLAN, dx=SwapAbDx(chunks=(128, 64), stages=4, split=2))),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     (256, Plan(
         dh=TritonDh(_DH_WIDE, gathers_rows=True),
