@@ -367,6 +367,11 @@ def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(129) is interpreted.plan_for(160) and interpreted.plan_for(193) is interpreted.plan_for(256)
     assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
+    # each swap-AB bucket's largest T fills its one block of tokens: a larger T would run a second, nearly empty block,
+    # a smaller one pays for tokens no T of the bucket has
+    types = plan_types(interpreted)
+    swap_ab = [(limit, plan.dx.block_tokens) for limit, plan in types.PLANS if isinstance(plan.dx, types.SwapAbDx)]
+    assert swap_ab and all(limit == block for limit, block in swap_ab), swap_ab
     # above 1024, dx's tiles of 64 rows where 128-row ones leave their last wave nearly empty (T = 2049: 272 tiles, 3
     # waves of 132, against 528 of 64 rows in 4 waves of 0.56 the time)
     short, wide = interpreted.plan_for(2049), interpreted.plan_for(2048)
