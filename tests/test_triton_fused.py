@@ -52,12 +52,18 @@ WGRAD_WIDE = (128, 256, 64, 8, 3, 1, 1, True)
 WGRAD_PAIR = (128, 128, 64, 4, 3, 1, 2, True)
 
 
-def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
-    """tools/plan_ab.py --latency: every timed call gets copies of the tensors, at addresses no other call had."""
+def plan_ab_tool():
+    """solutions/triton_fused/tools/plan_ab.py as a module (tools are not part of the solution's package)."""
     tool = Path(__file__).resolve().parent.parent / "solutions" / "triton_fused" / "tools" / "plan_ab.py"
     spec = importlib.util.spec_from_file_location("plan_ab", tool)
     plan_ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plan_ab)
+    return plan_ab
+
+
+def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
+    """tools/plan_ab.py --latency: every timed call gets copies of the tensors, at addresses no other call had."""
+    plan_ab = plan_ab_tool()
     tensors = [torch.arange(6.0).view(2, 3), torch.ones(5, dtype=torch.int32)]
     seen: list[tuple[int, ...]] = []
 
@@ -70,6 +76,20 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     addresses = [address for call in seen for address in call]
     assert len(seen) == 5 and len(set(addresses)) == len(addresses)
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
+
+
+def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
+    """A variant's expression reads T and B, so that one variant can span buckets; a faulty one names itself."""
+    plan_ab = plan_ab_tool()
+    narrow = "narrow: replace(plan, dx=replace(plan.dx, chunks=(128, 32) if T <= 160 else (128, 64)))"
+    variants = dict(map(plan_ab.parse_variant, (narrow, "by B: plan if B > 2048 else plan.on_one_stream()")))
+    for dims, chunks, one_stream in ((Dims(1024, 150), (128, 32), True), (Dims(4096, 180), (128, 64), False)):
+        bucket = interpreted.plan_for(dims.num_tokens)
+        plans = plan_ab.variant_plans(interpreted, bucket, dims, variants)
+        assert plans["plan"] is bucket and plans["narrow"].dx.chunks == chunks
+        assert plans["by B"].schedule.side_stream is not one_stream
+    with pytest.raises(SystemExit, match="variant 'typo': NameError"):
+        plan_ab.variant_plans(interpreted, bucket, dims, {"typo": "replace(plan, dx=Tiles())"})
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:

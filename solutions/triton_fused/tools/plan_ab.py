@@ -5,9 +5,10 @@
 
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket).
 
-A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan),
-`replace` (dataclasses.replace) and the names of the solution's plan.py, as in
-`gluon grad_w2: replace(plan, grad_w2=GluonWeightGrad(dynamic=True))`.
+A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
+and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
+`gluon grad_w2: replace(plan, grad_w2=GluonWeightGrad(dynamic=True))` or, one variant over several buckets,
+`narrow block: replace(plan, dx=replace(plan.dx, chunks=(128, 32) if T <= 160 else (128, 64)))`.
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
@@ -68,10 +69,15 @@ def parse_variant(text: str) -> tuple[str, str]:
     return name.strip(), expression.strip()
 
 
-def variant_plans(module, bucket, variants: dict[str, str]) -> dict:
+def variant_plans(module, bucket, dims, variants: dict[str, str]) -> dict:
     """{"plan": the bucket plan} and each variant's plan by name: its expression evaluated over `plan` (the bucket's),
-    `replace` and the names of the solution module's plan.py."""
-    names = vars(sys.modules[f"{module.__package__}.plan"]) | {"replace": dataclasses.replace, "plan": bucket}
+    `T` and `B` (the workload's), `replace` and the names of the solution module's plan.py."""
+    names = vars(sys.modules[f"{module.__package__}.plan"]) | {
+        "replace": dataclasses.replace,
+        "plan": bucket,
+        "T": dims.num_tokens,
+        "B": dims.batch_seq_len,
+    }
     plans = {"plan": bucket}
     for name, expression in variants.items():
         try:
@@ -110,7 +116,7 @@ def main() -> None:
         inputs = generate_inputs(dims, 0, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
         outputs = arguments[len(INPUTS) :]
-        plans = variant_plans(module, module.plan_for(dims.num_tokens), variants)
+        plans = variant_plans(module, module.plan_for(dims.num_tokens), dims, variants)
         expected = None
         for name, plan in plans.items():
             for out_tensor in outputs:

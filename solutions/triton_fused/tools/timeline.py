@@ -70,7 +70,7 @@ def main() -> None:
         dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
-        for name, plan in variant_plans(module, module.plan_for(dims.num_tokens), variants).items():
+        for name, plan in variant_plans(module, module.plan_for(dims.num_tokens), dims, variants).items():
             call = functools.partial(backward_call, module, arguments, plan)
             for i in range(WARMUP_CALLS):
                 call(i)
