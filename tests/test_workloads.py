@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -48,14 +51,34 @@ def test_smoke_suite_covers_the_edge_cases() -> None:
     assert all(w.hidden_dim < 4096 and w.ffn_dim < 14336 for w in workloads)
 
 
-def test_edges_suite_is_as_strict_as_its_public_neighbours() -> None:
-    """Each tolerance of the edges suite is that of the public workload nearest in T (the smaller where two are as
-    near), at the public shapes and rtol."""
+@pytest.mark.parametrize("name", ["edges", "step"])
+def test_suite_is_as_strict_as_its_public_neighbours(name: str) -> None:
+    """Each tolerance of the edges and step suites is that of the public workload nearest in T (the smaller where two
+    are as near), at the public shapes and rtol."""
     public = load_named_suite("public").workloads
-    for w in load_named_suite("edges").workloads:
+    for w in load_named_suite(name).workloads:
         nearest = min(public, key=lambda p: (abs(p.num_tokens - w.num_tokens), p.atol))
         assert (w.atol, w.rtol) == (pytest.approx(nearest.atol, rel=1e-12), nearest.rtol), w.uuid
         assert (w.hidden_dim, w.ffn_dim) == (nearest.hidden_dim, nearest.ffn_dim), w.uuid
+
+
+def test_step_suite_is_the_quantiles_of_a_steps_expert_sizes() -> None:
+    """The step suite's T are the quantiles at (i + 1/2) / 16 of Binomial(B * top_k, 1 / experts): the tokens one
+    expert receives when B = 4096 tokens choose 8 of 256 experts, as likely each (MiniMax-M2's routing)."""
+    tokens, choices, experts = 4096, 8, 256
+    n, p = tokens * choices, 1 / experts
+
+    def pmf(k: int) -> float:
+        return math.exp(
+            math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(p) + (n - k) * math.log1p(-p)
+        )
+
+    cdf = list(itertools.accumulate(pmf(k) for k in range(2 * tokens * choices // experts)))
+    quantiles = [bisect.bisect_left(cdf, (i + 0.5) / 16) for i in range(16)]
+    workloads = load_named_suite("step").workloads
+    assert [w.num_tokens for w in workloads] == quantiles
+    assert all(w.batch_seq_len == tokens for w in workloads)
+    assert sum(t <= 128 for t in quantiles) == 8  # the step's T straddle 128, where triton_fused's plan changes
 
 
 def test_select_by_index_and_uuid_prefix() -> None:
@@ -113,5 +136,5 @@ def test_manifest_that_is_not_yaml_or_not_a_mapping(tmp_path: Path) -> None:
 
 
 def test_unknown_suite_lists_the_known_ones() -> None:
-    with pytest.raises(ManifestError, match="known suites: edges, public, smoke"):
+    with pytest.raises(ManifestError, match="known suites: edges, public, smoke, step"):
         load_named_suite("nightly")
