@@ -1,7 +1,7 @@
-"""Kernel timelines of triton_fused calls per public workload: which kernel ran on which stream, from when to when.
+"""Kernel timelines of triton_fused calls per workload of a suite: which kernel ran on which stream, from when to when.
 GPU only.
 
-    PYTHONPATH=. python3 solutions/triton_fused/tools/timeline.py [--workloads 5,15] [--calls 3] \
+    PYTHONPATH=. python3 solutions/triton_fused/tools/timeline.py [--suite step] [--workloads 5,15] [--calls 3] \
         [--variant 'one stream: plan.on_one_stream()'] --out timeline.jsonl
 
 Stage times measured alone do not add up to the whole backward: stages on the two streams share the SMs, a kernel
@@ -49,7 +49,8 @@ def backward_call(module, arguments: list[torch.Tensor], plan, index: int) -> No
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="timeline.jsonl")
-    parser.add_argument("--workloads", help="comma-separated indices of the public suite (default: all 16)")
+    parser.add_argument("--workloads", help="comma-separated indices of the suite's workloads (default: all)")
+    parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calls", type=int, default=3, help="profiled calls per plan (the median one is shown)")
     parser.add_argument("--variant", action="append", default=[], help="'name: expression', as plan_ab.py takes it (repeatable)")
@@ -59,7 +60,7 @@ def main() -> None:
     module = sys.modules[run.__module__]
     variants = dict(parse_variant(text) for text in args.variant)
     device = torch.device("cuda")
-    workloads = list(enumerate(load_named_suite("public").workloads))
+    workloads = list(enumerate(load_named_suite(args.suite).workloads))
     if args.workloads:
         chosen = {int(i) for i in args.workloads.split(",")}
         workloads = [(i, w) for i, w in workloads if i in chosen]
