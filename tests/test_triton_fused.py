@@ -81,12 +81,12 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
 def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
     """A variant's expression reads T and B, so that one variant can span buckets; a faulty one names itself."""
     plan_ab = plan_ab_tool()
-    narrow = "narrow: replace(plan, dx=replace(plan.dx, chunks=(128, 32) if T <= 160 else (128, 64)))"
-    variants = dict(map(plan_ab.parse_variant, (narrow, "by B: plan if B > 2048 else plan.on_one_stream()")))
-    for dims, chunks, one_stream in ((Dims(1024, 150), (128, 32), True), (Dims(4096, 180), (128, 64), False)):
+    by_t = "by T: replace(plan, dx=replace(plan.dx, stages=2 if T <= 160 else 4))"
+    variants = dict(map(plan_ab.parse_variant, (by_t, "by B: plan if B > 2048 else plan.on_one_stream()")))
+    for dims, stages, one_stream in ((Dims(1024, 150), 2, True), (Dims(4096, 180), 4, False)):
         bucket = interpreted.plan_for(dims.num_tokens)
         plans = plan_ab.variant_plans(interpreted, bucket, dims, variants)
-        assert plans["plan"] is bucket and plans["narrow"].dx.chunks == chunks
+        assert plans["plan"] is bucket and plans["by T"].dx.stages == stages
         assert plans["by B"].schedule.side_stream is not one_stream
     with pytest.raises(SystemExit, match="variant 'typo': NameError"):
         plan_ab.variant_plans(interpreted, bucket, dims, {"typo": "replace(plan, dx=Tiles())"})
@@ -384,14 +384,14 @@ def test_half_precision_path(interpreted) -> None:
 
 def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(64) is interpreted.plan_for(1)
-    assert interpreted.plan_for(129) is interpreted.plan_for(160) and interpreted.plan_for(193) is interpreted.plan_for(256)
+    assert interpreted.plan_for(129) is interpreted.plan_for(192) and interpreted.plan_for(193) is interpreted.plan_for(256)
     assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
-    # each swap-AB bucket's largest T fills its one block of tokens: a larger T would run a second, nearly empty block,
-    # a smaller one pays for tokens no T of the bucket has
+    # each bucket of dx with grad_w1/grad_w3 ends where its one block of tokens does: a larger T would not fit, a smaller
+    # limit would leave the block's last rows to no T
     types = plan_types(interpreted)
-    swap_ab = [(limit, plan.dx.block_tokens) for limit, plan in types.PLANS if isinstance(plan.dx, types.SwapAbDx)]
-    assert swap_ab and all(limit == block for limit, block in swap_ab), swap_ab
+    fused = [(limit, plan.dx.block_m) for limit, plan in types.PLANS if isinstance(plan.dx, types.FusedDxGradW13)]
+    assert fused == [(128, 128), (192, 192)], fused
     # above 1024, dx's tiles of 64 rows where 128-row ones leave their last wave nearly empty (T = 2049: 272 tiles, 3
     # waves of 132, against 528 of 64 rows in 4 waves of 0.56 the time)
     short, wide = interpreted.plan_for(2049), interpreted.plan_for(2048)
@@ -426,17 +426,9 @@ def test_warp_specialized_weight_gradient_needs_a_gpu(interpreted, field: str) -
 
 
 def test_impossible_weight_gradient_configuration_is_refused(interpreted) -> None:
-    """A weight gradient configured beyond what its kernel can run is refused when it is made, and B's resident slab,
-    which holds four K steps of 64 tokens, when a plan asks for it at T > 256 (before any launch, and before the check
-    that the CPU interpreter cannot run Gluon kernels)."""
-    types = plan_types(interpreted)
-    with pytest.raises(ValueError, match="claimed one by one"):
-        types.GluonWeightGrad(b_resident=True, dynamic=True)
+    """Triton's weight gradient stores whole tiles: one configured otherwise is refused when it is made."""
     with pytest.raises(ValueError, match="stores whole tiles: epilogue_split 1, not 2"):
-        types.TritonWeightGrad(tile(interpreted, 32, 32, 16, 1, 1, 2))
-    plan = dataclasses.replace(small_plan(interpreted), grad_w13=types.GluonWeightGrad(b_resident=True))
-    with pytest.raises(ValueError, match="resident B holds 4 K steps of 64 tokens, not 5"):
-        run_interpreted(interpreted, Dims(300, 257, 32, 96), torch.float32, torch.float32, plan=plan)
+        plan_types(interpreted).TritonWeightGrad(tile(interpreted, 32, 32, 16, 1, 1, 2))
 
 
 @pytest.mark.parametrize("dx_to_rows", [False, True])
@@ -486,22 +478,6 @@ def test_warp_specialized_dx_needs_a_gpu(interpreted) -> None:
 
 
 @pytest.mark.parametrize(
-    ("changes", "message"),
-    [({"chunks": (256, 64, 32, 8)}, "one to three token chunks"), ({"chunks": (96,)}, "powers of two from 8 to 256")],
-)
-def test_swap_ab_dx_refuses_what_it_cannot_run(interpreted, changes: dict, message: str) -> None:
-    """The swap-AB dx takes one to three power-of-two token chunks and has no CPU interpreter: plans that ask otherwise
-    fail clearly."""
-    with pytest.raises(ValueError, match=message):
-        plan_types(interpreted).SwapAbDx(chunks=changes["chunks"], stages=2, split=2, block_k=16)
-    plan = dataclasses.replace(
-        small_plan(interpreted), dx=plan_types(interpreted).SwapAbDx(chunks=(16,), stages=2, split=2, block_k=16)
-    )
-    with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
-        run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
-
-
-@pytest.mark.parametrize(
     ("dims", "changes", "message"),
     [
         (Dims(200, 129, 32, 128), {}, "T = 129 must be at most that"),
@@ -512,9 +488,11 @@ def test_swap_ab_dx_refuses_what_it_cannot_run(interpreted, changes: dict, messa
 )
 def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, dims: Dims, changes: dict, message: str) -> None:
     """The Gluon kernel of dx with grad_w1/grad_w3 stands for the grad_w1/grad_w3 kernel too, reads all the tokens in
-    one block of 128 rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU interpreter:
+    one block of 128 (or 192) rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU interpreter:
     plans that ask otherwise fail clearly, before any launch."""
     dh = plan_types(interpreted).TritonDh(tile(interpreted, *changes.pop("dh", (128, 32, 16, 1, 1))))
+    with pytest.raises(ValueError, match="tokens in 128 or 192 rows, not 256"):
+        plan_types(interpreted).FusedDxGradW13(stages=2, split=2, block_m=256)
     fused = plan_types(interpreted).FusedDxGradW13(stages=2, split=2)
     with pytest.raises(ValueError, match="grad_w13 is None exactly where dx is FusedDxGradW13"):
         dataclasses.replace(small_plan(interpreted), dh=dh, dx=fused)
@@ -542,7 +520,7 @@ def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split:
 
 
 def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
-    """dd_low is allocated, and written by either dh, for Triton's and the swap-AB dx, which read it; not for the Gluon
+    """dd_low is allocated, and written by either dh, for Triton's dx, which reads it; not for the Gluon
     dx or the fused dx with grad_w1/grad_w3, which read the fp16 dd, whichever dh runs before them."""
     module = solution_module()
     types = plan_types(module)
@@ -553,7 +531,7 @@ def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
     gluon_dx = module.plan_for(256)
     assert isinstance(gluon_dx.dx, types.GluonDx) and not gluon_dx.low_copy
     assert not dataclasses.replace(gluon_dx, dh=gluon_dh).low_copy
-    assert module.plan_for(160).low_copy and module.plan_for(192).low_copy  # the swap-AB dx
+    assert not module.plan_for(192).low_copy  # the fused dx over 192 rows
     assert module.plan_for(64).low_copy and module.plan_for(2048).low_copy  # Triton's dx, after either dh
 
 
@@ -599,8 +577,7 @@ def test_each_plan_compiles_once() -> None:
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
         (Dims(997, 128), Dims(1024, 128), Dims(700, 65)),
-        (Dims(1000, 129), Dims(4096, 160), Dims(700, 144)),  # the swap-AB dx
-        (Dims(1571, 161), Dims(4096, 192), Dims(800, 176)),
+        (Dims(1000, 129), Dims(4096, 192), Dims(800, 160)),  # dx with grad_w1/grad_w3 over 192 rows
         (Dims(4096, 256), Dims(1571, 196), Dims(1721, 215)),
         (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the Gluon dx up to 1024
         (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
@@ -687,9 +664,9 @@ def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     gather as its programmatic dependent or not, must give the same bits (a missing wait between the streams, or in dh
     for the gather, would read a buffer before it is written), as must the Gluon dh on fewer programs than SMs
     (GluonDh.fewest_programs) and the Gluon dx storing the selected rows itself or leaving them to scatter
-    (GluonDx.to_rows: the same fp32 sum of its two partials). T = 215: Triton's dh gathering its own rows, the swap-AB
-    dx and the Gluon grad_w1/grad_w3; T = 256: dx behind dh beside the weight gradients claiming their tiles on the side
-    stream; T = 336: the Gluon dh without the bf16 copy, the Gluon dx into the rows, grad_w1/grad_w3 claiming its tiles."""
+    (GluonDx.to_rows: the same fp32 sum of its two partials). T = 215 and 256: Triton's dh gathering its own rows, dx
+    behind dh beside the weight gradients claiming their tiles on the side stream (T = 215 with a short last K step);
+    T = 336: the Gluon dh without the bf16 copy, the Gluon dx into the rows, grad_w1/grad_w3 claiming its tiles."""
     module = solution_module()
     inputs = generate_inputs(dims, 0, "cuda")
     outputs = list(cuda_outputs(dims).values())
@@ -769,15 +746,13 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("b_resident", [False, True], ids=["B streamed", "B resident"])
 @pytest.mark.parametrize(
     "dims", [Dims(1571, 196), Dims(1721, 215), Dims(600, 240), Dims(2053, 256), Dims(64, 20), Dims(512, 64), Dims(700, 200, 512, 320)],
     ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}",
 )  # fmt: skip
-def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, b_resident: bool) -> None:
+def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon grad_w1/grad_w3 gives Triton's bits on every call: the same products in the same order, its short last
-    step leaving out only zero rows, with B streamed through the stages or resident (programs whose runs of tiles
-    change column). T = 196 (4 tokens past 192), 215 (23), 240 (48: whole steps), 256, 20 (the short step alone), 64;
+    step leaving out only zero rows. T = 196 (4 tokens past 192), 215 (23), 240 (48: whole steps), 256, 20 (the short step alone), 64;
     F = 320 is not a multiple of 128 (one launch per weight)."""
     module = solution_module()
     types = plan_types(module)
@@ -793,7 +768,7 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims, 
     for call in range(3):
         for name in names:
             outputs[name].fill_(float("nan"))
-        module.grad_w13(p, types.GluonWeightGrad(b_resident=b_resident))
+        module.grad_w13(p, types.GluonWeightGrad())
         for name, want in zip(names, expected):
             assert torch.equal(outputs[name], want), f"{name}, call {call}"
 
@@ -829,12 +804,15 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "dims", [Dims(997, 128), Dims(65, 65), Dims(700, 100, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}"
+    "dims",
+    [Dims(997, 128), Dims(65, 65), Dims(700, 100, 512, 320), Dims(1000, 129), Dims(4096, 192), Dims(700, 150, 512, 320)],
+    ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}",
 )
 def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) -> None:
     """The Gluon kernel of dx with grad_w1/grad_w3 gives the Triton weight gradient's bits (the same fp16 products,
     accumulated in the same order) and Triton's dx over the bf16 copy up to that copy's rounding, as the same bits on
-    every call. T = 65 pads 63 rows, T = 100 36; F = 320 splits into one slice of 5 K steps per weight."""
+    every call, over 128 rows of tokens and over 192 (a tail block of 64 for a third warpgroup). T = 65 pads 63 rows,
+    T = 100 36, T = 129 63; F = 320 splits into one slice of 5 K steps per weight."""
     module = solution_module()
     types, plan = plan_types(module), module.plan_for(dims.num_tokens)
     assert isinstance(plan.dx, types.FusedDxGradW13)
@@ -909,42 +887,6 @@ def test_warp_specialized_dx_into_the_rows_gives_the_scatters_bits(dims: Dims) -
     for call in calls:
         for spec, want, got in zip(OUTPUTS, scatter, call):
             assert torch.equal(got, want), spec.name
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("dims", "chunks", "stages"),
-    [
-        (Dims(1571, 196), (256,), 4),
-        (Dims(1571, 196), (128, 64, 8), 4),
-        (Dims(2371, 296), (256, 64), 3),
-        (Dims(2689, 336), (256, 128), 3),
-        (Dims(3967, 496), (256,), 4),
-        (Dims(700, 200, 512, 320), (128, 64, 16), 4),
-    ],
-    ids=lambda v: f"T{v.num_tokens}-F{v.ffn_dim}" if isinstance(v, Dims) else str(v),
-)
-def test_swap_ab_dx_gives_the_triton_kernels_bits(dims: Dims, chunks: tuple[int, ...], stages: int) -> None:
-    """The swap-AB dx writes the split-K partials of Triton's dx over the same bf16 copy, bit for bit and on every
-    call: one token block or several (T = 496 in two of 256), chunks of 8 to 256 tokens, past T or not (T = 200 in
-    128 + 64 + 16), the halves in one launch or one each, and F = 320 (an odd number of K steps per split)."""
-    module = solution_module()
-    types, plan = plan_types(module), module.plan_for(dims.num_tokens)
-    inputs = generate_inputs(dims, 0, "cuda")
-    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, plan.dx_split(dims.ffn_dim), 64)
-    module.gather(p)
-    module.dh_swiglu(p, tile(module, *DH_WIDE))
-    module.dx(p, types.TritonDx(tile=tile(module, *DX_WIDE), split=p.dx_split))
-    expected = p.partials.clone()
-    swap_ab = types.SwapAbDx(chunks=chunks, stages=stages, split=p.dx_split)
-    for halves in ([0, 1], [1], [0]):
-        if halves != [0]:
-            p.partials.fill_(float("nan"))
-        module.dx(p, swap_ab, halves)
-    assert torch.equal(p.partials, expected)
-    for _ in range(5):
-        module.dx(p, swap_ab)
-        assert torch.equal(p.partials, expected)
 
 
 @pytest.mark.gpu

@@ -182,7 +182,7 @@ def dh_swiglu_ws_kernel(
     STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, BLOCK_N] (descriptors)
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
     WAIT_FOR_GATHER: gl.constexpr,  # launched as a programmatic dependent of the gather (see _load_operands)
-    LOW_COPY: gl.constexpr,  # also store dd_low: Triton's and the swap-AB dx read it, the Gluon dx converts dd itself
+    LOW_COPY: gl.constexpr,  # also store dd_low: Triton's dx reads it, the Gluon dx converts dd itself
     num_warps: gl.constexpr,  # 8: the product warps
 ):  # fmt: skip
     """dd = [d_a | d_up] (and with LOW_COPY its bf16 copy dd_low) from dh = diag(w) (g @ w2), persistent programs (one

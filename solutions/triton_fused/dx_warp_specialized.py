@@ -1,5 +1,5 @@
 """dx = [d_a | d_up] @ [w1; w3] as a warp-specialised Gluon kernel (Hopper) that reads dd in fp16 (the plans use it at
-192 < T <= 1024; dx_swap_ab.py's kernel runs dx at 128 < T <= 192).
+192 < T <= 1024).
 
 Triton's `dx_kernel` (kernels.py) needs a bf16 copy of dd, which the dh epilogue writes beside the fp16 dd that the
 weight gradients read: two more (T, F) stores per tile. Converting the fp16 tile to bf16 in registers before

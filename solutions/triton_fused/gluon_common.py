@@ -1,7 +1,7 @@
-"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_swap_ab.py, dx_warp_specialized.py,
-dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the product warps, and how each side
-waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F, the persistent programs' tile
-count, the wgmma accumulator layout."""
+"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_warp_specialized.py,
+dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the
+product warps, and how each side waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F,
+the persistent programs' tile count, the wgmma accumulator layout."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 
 @gluon.jit
-def operand_ring(a_desc, b_desc, STAGES: gl.constexpr, RELEASES: gl.constexpr = 1, B_BLOCKS: gl.constexpr = 0):
+def operand_ring(a_desc, b_desc, STAGES: gl.constexpr, RELEASES: gl.constexpr = 1):
     """The loader-to-products ring: STAGES shared-memory stages of one A block and one B block (the descriptors'
     block shapes and layouts), and per stage a `ready` barrier (the loader's bytes have arrived) and an `empty` one
-    (the RELEASES groups of product warps that read the stage are done with it), each completed once per use. With
-    B_BLOCKS the B buffer has that many blocks instead, outside the ring (a kernel that keeps B resident)."""
+    (the RELEASES groups of product warps that read the stage are done with it), each completed once per use."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [B_BLOCKS or STAGES] + b_desc.block_type.shape, b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):

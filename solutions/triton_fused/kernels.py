@@ -9,9 +9,9 @@ streams. On the caller's stream:
                             in fp16 (for the weight gradients, and for dx where it is the Gluon kernel) and, where
                             dx is dx_kernel, once more in bf16; from T = 257 the warp-specialised Gluon kernel of
                             dh_warp_specialized.py takes its place
-- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows (at 64 < T <= 128
+- `weight_grad_kernel`      [grad_w1; grad_w3] = [d_a | d_up]^T @ x16, one GEMM of M = 2F rows (at 64 < T <= 192
                             the Gluon kernel of dx_grad_weight_warp_specialized.py computes them with dx, in one
-                            pass over w1 and w3, right after dh); from T = 129
+                            pass over w1 and w3, right after dh); from T = 193
                             the warp-specialised Gluon kernel of weight_grad_warp_specialized.py takes its place
                             (a short last K step, stores under products)
 - `scatter_kernel`          the T selected rows of grad_hidden_states (fixed-order sum of dx's partials) and
@@ -25,13 +25,12 @@ and beside them, on a second stream (the launcher orders the two with events):
                             token selects, as zeros: memory traffic hidden under dh's tensor-core work
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
-- `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel at 128 < T <= 1024)
+- `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel from T = 65)
 - `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); from
                             T = 1025 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
-                            64 < T <= 128 the fused Gluon kernel above, on the caller's stream, and at
-                            128 < T <= 1024 a Gluon kernel takes its place, one launch over both: dx_swap_ab.py's
-                            (tokens on wgmma's N side) up to T = 192, dx_warp_specialized.py's (over the fp16 dd)
-                            at 192 < T <= 1024
+                            64 < T <= 192 the fused Gluon kernel above, on the caller's stream, and at
+                            192 < T <= 1024 dx_warp_specialized.py's Gluon kernel (over the fp16 dd), one launch
+                            over both
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose

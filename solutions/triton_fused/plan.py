@@ -7,9 +7,8 @@ kernel takes and checks it:
   grad_output) or the warp-specialised Gluon kernel (`GluonDh`);
 - each weight gradient (grad_w2, and grad_w1 with grad_w3): Triton's persistent kernel (`TritonWeightGrad`) or the
   Gluon one (`GluonWeightGrad`, with a short last K step and tiles dealt out or claimed from a counter);
-- dx: Triton's split-K kernel (`TritonDx`), the Gluon kernel over the fp16 dd (`GluonDx`), the swap-AB Gluon kernel
-  with the tokens on the tensor cores' N side (`SwapAbDx`), or one Gluon kernel for dx with grad_w1 and grad_w3
-  (`FusedDxGradW13`, which then also stands for the weight gradient);
+- dx: Triton's split-K kernel (`TritonDx`), the Gluon kernel over the fp16 dd (`GluonDx`), or one Gluon kernel for dx
+  with grad_w1 and grad_w3 (`FusedDxGradW13`, which then also stands for the weight gradient);
 
 and a `Schedule`: which stages run on the second ("side") stream and where the per-token kernels (x16 with the routing
 sums, the zeros of unselected rows, the scatter) go. Plans are chosen per bucket of T (PLANS), and above 1024 by how
@@ -29,8 +28,7 @@ WS_BLOCK_K = 64  # the Gluon weight gradient's whole K step (tokens)
 # Its short last K step: where at most this many tokens are left after the whole steps, they are a step of this many
 # rows rather than of 64.
 WS_SHORT_STEP = 32
-WS_RESIDENT_STEPS = 4  # K steps of the Gluon weight gradient's resident B slab (128 KB at 256 columns)
-FUSED_BLOCK_M = 128  # FusedDxGradW13: all the tokens (T <= 128) in one block of rows,
+FUSED_HEAD_ROWS = 128  # FusedDxGradW13: all the tokens in one block of rows (this many, then a tail of 64),
 FUSED_BLOCK_N = 128  # by this many hidden columns per program,
 FUSED_BLOCK_K = 64  # in K steps of this many of the 2F columns
 
@@ -98,16 +96,9 @@ class GluonWeightGrad:
 
     stages: int = 4  # operand stages in shared memory
     by_column: bool = False  # tiles column by column, so that a wave of tiles shares a few column slabs of B
-    # B's column slab (T x 256) resident in shared memory, loaded once per column of tiles a program's contiguous run
-    # of tiles reaches: a tile then reads only A's block (at most WS_RESIDENT_STEPS K steps)
-    b_resident: bool = False
     # Tiles claimed one at a time from a counter in memory rather than dealt out in advance: programs that start late,
     # on SMs the stage before frees last, take fewer tiles
     dynamic: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dynamic and self.b_resident:
-            raise ValueError("the weight gradient's tiles are claimed one by one (dynamic) or runs of them keep B resident")
 
 
 WeightGrad = TritonWeightGrad | GluonWeightGrad
@@ -140,36 +131,21 @@ class GluonDx:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SwapAbDx:
-    """dx computed transposed by the swap-AB Gluon kernel (dx_swap_ab.py) over the bf16 copy of dd: programs of 128
-    hidden columns by a block of tokens in up to three accumulators of these widths, so T is padded to the block (the
-    sum of the widths) rather than to 128-row tiles."""
-
-    chunks: tuple[int, ...]  # the token block's accumulator widths: one to three powers of two from 8 to 256
-    stages: int  # operand stages in shared memory
-    split: int
-    block_k: int = 64  # K step (of F)
-
-    def __post_init__(self) -> None:
-        if not 1 <= len(self.chunks) <= 3 or any(c not in (8, 16, 32, 64, 128, 256) for c in self.chunks):
-            raise ValueError(f"the swap-AB dx takes one to three token chunks, powers of two from 8 to 256, not {self.chunks}")
-
-    @property
-    def block_tokens(self) -> int:
-        return sum(self.chunks)
-
-
-@dataclass(frozen=True, kw_only=True)
 class FusedDxGradW13:
     """dx with grad_w1 and grad_w3 in one pass over the weights (dx_grad_weight_warp_specialized.py): each step reads a
-    block of w1 or w3 and writes the same block of its gradient. All T <= FUSED_BLOCK_M tokens in one block of rows;
-    on the caller's stream right behind dh."""
+    block of w1 or w3 and writes the same block of its gradient. All T <= block_m tokens in one block of rows, 64 to
+    a product warpgroup; on the caller's stream right behind dh."""
 
     stages: int
     split: int  # split of each weight's F
+    block_m: int = 128  # 128 or 192
+
+    def __post_init__(self) -> None:
+        if self.block_m not in (128, 192):
+            raise ValueError(f"dx with grad_w1/grad_w3 takes its tokens in 128 or 192 rows, not {self.block_m}")
 
 
-Dx = TritonDx | GluonDx | SwapAbDx | FusedDxGradW13
+Dx = TritonDx | GluonDx | FusedDxGradW13
 
 X16At = Literal["start", "after_gather", "after_dh"]
 ZerosAt = Literal["start", "after_grad_w2", "after_dh", "after_dx"]
@@ -244,15 +220,13 @@ class Plan:
 
     @property
     def low_copy(self) -> bool:
-        """Whether dh writes dd_low, the bf16 copy of dd: Triton's dx and the swap-AB dx read it; the Gluon dx and the
-        fused dx with grad_w1/grad_w3 read the fp16 dd."""
-        return isinstance(self.dx, (TritonDx, SwapAbDx))
+        """Whether dh writes dd_low, the bf16 copy of dd: Triton's dx reads it; the Gluon dx and the fused dx with
+        grad_w1/grad_w3 read the fp16 dd."""
+        return isinstance(self.dx, TritonDx)
 
     def dx_k_step(self) -> int:
         """dx's K step (of F)."""
-        if isinstance(self.dx, FusedDxGradW13):
-            return FUSED_BLOCK_K
-        return self.dx.block_k if isinstance(self.dx, SwapAbDx) else self.dx.tile.block_k
+        return FUSED_BLOCK_K if isinstance(self.dx, FusedDxGradW13) else self.dx.tile.block_k
 
     def dx_split(self, ffn: int) -> int:
         """The largest split-K factor up to the plan's whose slices are whole K steps of F."""
@@ -280,15 +254,12 @@ class Plan:
             raise ValueError(
                 f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps"
             )
-        for w in (self.grad_w2, self.grad_w13):
-            if isinstance(w, GluonWeightGrad) and w.b_resident and sum(weight_grad_steps(tokens)) > WS_RESIDENT_STEPS:
-                raise ValueError(f"the weight gradient's resident B holds {WS_RESIDENT_STEPS} K steps of {WS_BLOCK_K} tokens, "
-                                 f"not {sum(weight_grad_steps(tokens))}")  # fmt: skip
         if isinstance(self.dx, FusedDxGradW13):
             dh_rows = self.dh.tile.block_m if isinstance(self.dh, TritonDh) else WS_BLOCK_M
-            if tokens > FUSED_BLOCK_M or -(-tokens // dh_rows) * dh_rows < FUSED_BLOCK_M:
-                # it reads FUSED_BLOCK_M rows of dd, which dh must all have written (rows past T as zeros)
-                raise ValueError(f"dx with grad_w1/grad_w3 reads {FUSED_BLOCK_M} rows of dd: T = {tokens} must be at most "
+            block_m = self.dx.block_m
+            if tokens > block_m or -(-tokens // dh_rows) * dh_rows < block_m:
+                # it reads block_m rows of dd, which dh must all have written (rows past T as zeros)
+                raise ValueError(f"dx with grad_w1/grad_w3 reads {block_m} rows of dd: T = {tokens} must be at most "
                                  f"that, and dh's tiles of {dh_rows} rows must cover them")  # fmt: skip
 
 
@@ -319,23 +290,16 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         schedule=Schedule(dx_on_side=(True, False), scatter_at="side"),
     )),
     # One pass over w1 and w3 for dx and their gradients: the weights are read once, and their gradients written beside.
-    (128, Plan(
+    (128, _FUSED_PLAN := Plan(
         dh=TritonDh(Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, epilogue_split=2),
                     gathers_rows=True),
         grad_w2=GluonWeightGrad(),
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
     )),
-    # The swap-AB dx pays for 160 or 192 token rows where 128-row tiles pay for 256; grad_w1/grad_w3 keeps B resident.
-    # The zeros beside dh: behind grad_w2 they would delay dx on the side stream by a write of the B - T other rows.
-    (160, _SWAP_AB_PLAN := Plan(
-        dh=TritonDh(_DH_WIDE, gathers_rows=True),
-        grad_w2=GluonWeightGrad(dynamic=True),
-        grad_w13=GluonWeightGrad(b_resident=True),
-        dx=SwapAbDx(chunks=(128, 32), stages=4, split=2),
-        schedule=Schedule(dx_on_side=(True, True)),
-    )),
-    (192, replace(_SWAP_AB_PLAN, dx=SwapAbDx(chunks=(128, 64), stages=4, split=2))),
+    # The same over 192 token rows, a third product warpgroup taking the last 64; dh in 128 x 256 tiles (two rows of
+    # them, where 64-row ones would take three).
+    (192, replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True), dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     (256, Plan(
         dh=TritonDh(_DH_WIDE, gathers_rows=True),
@@ -383,7 +347,7 @@ _LARGE_T_PLAN_SHORT_DX = replace(_LARGE_T_PLAN, dx=TritonDx(tile=replace(_DX_WID
 # Above 1024 dx's tiles (T / 128 rows by H / 256 columns, H = 4096 here) run in whole waves over the H200's 132 SMs, so
 # a T whose tiles just pass a multiple of 132 pays a nearly empty wave: T = 2049 runs 272 tiles in 3 waves where 2048
 # runs 256 in 2. Tiles of 64 rows, each taking about 0.56 of a 128-row tile's time, fill their waves differently.
-DX_COLUMN_TILES = 4096 // 256
+DX_COLUMN_TILES = 4096 // _DX_WIDE.block_n
 H200_MULTIPROCESSORS = 132
 SHORT_DX_TILE_TIME = 0.56
 

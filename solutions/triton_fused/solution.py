@@ -3,8 +3,8 @@
 (launch.py, native.py and replay.c).
 
 The kernels: kernels.py (Triton: the per-token kernels, dh, the weight gradients, dx) and the warp-specialised Gluon
-kernels of dh (dh_warp_specialized.py), the weight gradients (weight_grad_warp_specialized.py), dx (dx_warp_specialized.py
-and, transposed, dx_swap_ab.py) and dx with grad_w1/grad_w3 (dx_grad_weight_warp_specialized.py). The folder is
+kernels of dh (dh_warp_specialized.py), the weight gradients (weight_grad_warp_specialized.py), dx (dx_warp_specialized.py)
+and dx with grad_w1/grad_w3 (dx_grad_weight_warp_specialized.py). The folder is
 self-contained: it needs torch and triton only (replay.c is built by Triton's own tool for its launchers, with the C
 compiler Triton needs anyway), so an exported copy runs without this repository.
 """
@@ -26,7 +26,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .dh_warp_specialized import dh_swiglu_ws_kernel
 from .dx_grad_weight_warp_specialized import dx_grad_weight_ws_kernel
-from .dx_swap_ab import dx_swap_ab_kernel
 from .dx_warp_specialized import dx_ws_kernel
 from .kernels import (
     dh_swiglu_kernel,
@@ -41,19 +40,17 @@ from .launch import CallProgram
 from .native import layout
 from .plan import (
     FUSED_BLOCK_K,
-    FUSED_BLOCK_M,
     FUSED_BLOCK_N,
+    FUSED_HEAD_ROWS,
     ROW_PAD,
     WS_BLOCK_K,
     WS_BLOCK_M,
-    WS_RESIDENT_STEPS,
     WS_SHORT_STEP,
     FusedDxGradW13,
     GluonDh,
     GluonDx,
     GluonWeightGrad,
     Plan,
-    SwapAbDx,
     Tile,
     TritonDx,
     TritonWeightGrad,
@@ -79,10 +76,12 @@ WS_STORE_WIDTH = 64  # columns per TMA store of the Gluon weight gradient
 # Tile-claim counters per call (Problem.counters): grad_w2 and up to two launches of grad_w1/grad_w3 (one per weight
 # where F is not a multiple of the tile's rows)
 TILE_COUNTERS = 3
-SWAP_AB_BLOCK_H = 128  # hidden columns per program of the swap-AB dx (two warpgroups of 64-column wgmma)
 # Registers per thread of the Gluon weight gradient's second product warpgroup (Triton's compiler then gives the first
 # 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 PRODUCT_REGS = 232
+# The same for each product warpgroup after the first of the fused dx with grad_w1/grad_w3, by its block of tokens:
+# three product warpgroups and the loader's share 64K registers as 168 + 2 x 160 + 24 per thread.
+FUSED_PRODUCT_REGS = {128: PRODUCT_REGS, 192: 160}
 
 
 @functools.cache
@@ -415,20 +414,15 @@ def _weight_grad_warp_specialized(p: Problem, w: GluonWeightGrad, a: torch.Tenso
         p.gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), p.gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
         p.gluon_descriptor(c, store), p.gluon_descriptor(c if c_high is None else c_high, store),
         p.tile_counter() if w.dynamic else p.counters, m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps,
-        tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, SLAB_STEPS=WS_RESIDENT_STEPS if w.b_resident else 0,
-        DYNAMIC=w.dynamic,
-        PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
+        tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, DYNAMIC=w.dynamic, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 
 
-def dx(p: Problem, d: TritonDx | GluonDx | SwapAbDx, halves: Sequence[int] = (0, 1)) -> None:
+def dx(p: Problem, d: TritonDx | GluonDx, halves: Sequence[int] = (0, 1)) -> None:
     """dx's launches for the given halves of K: 0 = d_a @ w1, 1 = d_up @ w3 (each into its own split-K partials).
     Triton's kernel, one launch per half, reads dd_low (with p.dx_to_rows one launch over both, into the selected
-    rows of grad_hidden_states); the Gluon kernels take both halves in one launch where both are asked for: GluonDx
-    reads dd, SwapAbDx dd_low."""
-    if isinstance(d, SwapAbDx):
-        _dx_swap_ab(p, d, halves)
-        return
+    rows of grad_hidden_states); the Gluon kernel reads dd and takes both halves in one launch where both are asked
+    for."""
     t = d.tile
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.hidden, t.block_n)
     if isinstance(d, GluonDx):
@@ -479,20 +473,6 @@ def _launches(halves: Sequence[int]) -> list[tuple[int, int]]:
     return [(0, 2)] if list(halves) == [0, 1] else [(half, 1) for half in halves]
 
 
-def _dx_swap_ab(p: Problem, s: SwapAbDx, halves: Sequence[int]) -> None:
-    _require_gpu(p.dd_low, "dx")
-    w1, w3 = (p.gluon_descriptor(p.inputs[name], [s.block_k, SWAP_AB_BLOCK_H]) for name in ("w1_weight", "w3_weight"))
-    chunks = [p.gluon_descriptor(p.dd_low, [width, s.block_k]) for width in s.chunks]
-    chunks += chunks[:1] * (3 - len(chunks))  # unused
-    stage_bytes = 2 * s.block_k * (SWAP_AB_BLOCK_H + s.block_tokens)
-    token_blocks = triton.cdiv(p.tokens, s.block_tokens)
-    for first, count in _launches(halves):
-        p.launch(dx_swap_ab_kernel, (triton.cdiv(p.hidden, SWAP_AB_BLOCK_H), count * p.dx_split, token_blocks),
-            w1, w3, *chunks, p.partials, p.tokens, p.hidden, p.ffn, p.ffn // p.dx_split, first * p.dx_split,
-            CHUNKS=len(s.chunks), STAGES=s.stages, STAGE_BYTES=stage_bytes, num_warps=8,
-        )  # fmt: skip
-
-
 def dx_grad_w13(p: Problem, w: FusedDxGradW13) -> None:
     """dx's 2 * p.dx_split partials and grad_w1, grad_w3 by the Gluon kernel, one launch (T and dh's rows checked by
     Plan.check)."""
@@ -500,11 +480,14 @@ def dx_grad_w13(p: Problem, w: FusedDxGradW13) -> None:
     i, o = p.inputs, p.outputs
     weights = [p.gluon_descriptor(i[name], [FUSED_BLOCK_K, FUSED_BLOCK_N]) for name in ("w1_weight", "w3_weight")]
     grads = [p.gluon_descriptor(o[name], [FUSED_BLOCK_K, FUSED_BLOCK_N // 2]) for name in ("grad_w1_weight", "grad_w3_weight")]
+    # tokens [0, 128) in one block, [128, 192) in a tail block of their own (TMA's blocks are powers of two)
+    tail = w.block_m - FUSED_HEAD_ROWS
+    dd = [p.gluon_descriptor(p.dd, [rows, FUSED_BLOCK_K]) for rows in (FUSED_HEAD_ROWS, tail or FUSED_HEAD_ROWS)]
+    x = [p.gluon_descriptor(p.x_precise, [rows, FUSED_BLOCK_N]) for rows in (FUSED_HEAD_ROWS, tail or FUSED_HEAD_ROWS)]
     splits = 2 * p.dx_split
     p.launch(dx_grad_weight_ws_kernel, (triton.cdiv(p.hidden, FUSED_BLOCK_N), splits),
-        p.gluon_descriptor(p.dd, [FUSED_BLOCK_M, FUSED_BLOCK_K]), p.gluon_descriptor(p.x_precise, [FUSED_BLOCK_M, FUSED_BLOCK_N]),
-        *weights, *grads, p.partials, p.tokens, p.hidden, p.ffn, 2 * p.ffn // splits,
-        STAGES=w.stages, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
+        *dd, *x, *weights, *grads, p.partials, p.tokens, p.hidden, p.ffn, 2 * p.ffn // splits,
+        TAIL=tail > 0, STAGES=w.stages, PRODUCT_REGS=FUSED_PRODUCT_REGS[w.block_m], num_warps=4,
     )  # fmt: skip
 
 
@@ -752,10 +735,10 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the twelve kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the eleven kernels hold (Triton's per-device caches): a test uses it to prove
     that a plan compiles once and that later calls of the plan compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_swap_ab_kernel, dx_grad_weight_ws_kernel, scatter_kernel,
+        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_grad_weight_ws_kernel, scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())

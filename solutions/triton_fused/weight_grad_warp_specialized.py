@@ -1,6 +1,6 @@
 """[grad_w1; grad_w3] = [d_a | d_up]^T @ x16, and grad_w2 = ge^T @ gated_output, as a warp-specialised Gluon kernel
 (Hopper) whose two product warpgroups work independently, with a short last K step (the plans use it for grad_w2 from
-T = 65 and for grad_w1/grad_w3 from T = 129).
+T = 65 and for grad_w1/grad_w3 from T = 193).
 
 Triton's `weight_grad_kernel` (kernels.py) reduces over the T tokens in whole steps of 64 rows, so a T just past a
 multiple of 64 pays a whole step for a few tokens. A smaller last step inside Triton's pipelined loop costs more than
@@ -32,15 +32,10 @@ loader asks next: it claims a tile number from a counter in global memory (one a
 has room for the tile's first step, and hands the number to the product warpgroups through a two-slot ring in shared
 memory. A stage whose programs start at different times (on SMs that the kernel before frees at different times) then
 ends at about one time on every SM instead of inheriting the lag. The tiles' products are
-the same, so are the bits. With SLAB_STEPS (T <= 256) B stays in shared memory instead: program p
-takes a contiguous run of the tiles column by column, the loader loads the T x 256 slab of B of each column it
-reaches once (after both warpgroups are done with the slab before), and a tile reads only A's block from L2, a third
-of the bytes of A's and B's at T = 256 (it pays for grad_w1/grad_w3, not for grad_w2, whose programs load a slab for
-every 14 tiles rather than 28). The slab changes whole (handed back block by block it was slower), and it needs its
-four stages of A and half-width staging. Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1 through c_desc, rows
-[F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with c_high_desc the same
-as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages take 224 KB, as do 4
-stages of A (64 KB), B's resident slab (128 KB) and the staging. Registers: 12 warps (4 + 4 + the loader, padded to a
+the same, so are the bits. Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1
+through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with
+c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages
+take 224 KB. Registers: 12 warps (4 + 4 + the loader, padded to a
 warpgroup) leave each product warpgroup more than the 192 registers per thread of its accumulator (128) and of the
 tile before in bf16 (64): ptxas spills none.
 
@@ -91,80 +86,16 @@ def _tile_origin(tile, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BY_CO
 
 
 @gluon.jit
-def _resident_run(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """With B resident: (first tile, tile count) of this program's contiguous run of the tiles, column by column."""
-    total = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
-    per = gl.cdiv(total, gl.num_programs(0))
-    first = gl.minimum(gl.program_id(0) * per, total)
-    return first, gl.minimum(first + per, total) - first
-
-
-@gluon.jit
-def _starts_slab(j, tile, num_m):
-    """With B resident: whether the j-th tile of this program's run (tile number `tile`) is the first it takes in its
-    column of tiles, where B's slab changes."""
-    return (j == 0) | (tile % num_m == 0)
-
-
-@gluon.jit
-def _ends_slab(j, count, tile, num_m):
-    """With B resident: whether the j-th of this program's `count` tiles is the last it takes in its column of tiles,
-    after which the slab is handed back."""
-    return (j + 1 == count) | ((tile + 1) % num_m == 0)
-
-
-@gluon.jit
-def _load_resident_slab(b_desc, b_tail_desc, b_slab, slab_ready, off_n, B_ROWS, FULL_STEPS, TAIL_STEPS):
-    """All K steps of B's column slab at off_n into the slab buffer, step kk counted in by slab_ready[kk]."""
-    BLOCK_K: gl.constexpr = b_desc.block_type.shape[0]
-    TAIL: gl.constexpr = b_tail_desc.block_type.shape[0]
-    for kk in range(FULL_STEPS):
-        mbarrier.expect(slab_ready.index(kk), b_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], slab_ready.index(kk),
-                                        b_slab.index(kk))  # fmt: skip
-    if TAIL_STEPS > 0:
-        mbarrier.expect(slab_ready.index(FULL_STEPS), b_tail_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(b_tail_desc, [gl.minimum(FULL_STEPS * BLOCK_K, B_ROWS - TAIL), off_n],
-                                        slab_ready.index(FULL_STEPS), b_slab.index(FULL_STEPS).slice(0, TAIL))  # fmt: skip
-
-
-@gluon.jit
-def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready, slab_free,
-                   tile_counter, tile_ids, tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS, TAIL_STEPS,
-                   BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr):  # fmt: skip
+def _load_operands(a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, tile_counter, tile_ids,
+                   tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS, TAIL_STEPS, BY_COLUMN: gl.constexpr,
+                   DYNAMIC: gl.constexpr):  # fmt: skip
     """Loader partition: each tile's FULL_STEPS whole K steps, then its TAIL_STEPS (0 or 1) short one, into stage
     step % STAGES once both product warpgroups have released it (`empty`); `ready` counts the bytes in (_load_step).
-    With B_RESIDENT the stages hold A's blocks only: B's slab is loaded into b_bufs once per column of tiles, after
-    both product warpgroups are done with the one before (`slab_free`). With DYNAMIC the loader claims each next tile
-    from tile_counter as it is ready to load it and hands its number to the product warpgroups."""
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[0]
+    With DYNAMIC the loader claims each next tile from tile_counter as it is ready to load it and hands its number to
+    the product warpgroups."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
-    TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     k_steps = FULL_STEPS + TAIL_STEPS
-    if B_RESIDENT:
-        num_m = gl.cdiv(M, BLOCK_M)
-        first, count = _resident_run(M, N, BLOCK_M, BLOCK_N)
-        step = 0
-        slab = 0
-        for j in range(count):
-            off_m, off_n = _tile_origin(first + j, M, N, BLOCK_M, BLOCK_N, True)
-            if _starts_slab(j, first + j, num_m):
-                if slab > 0:
-                    mbarrier.wait(slab_free, (slab - 1) & 1)
-                _load_resident_slab(b_desc, b_tail_desc, b_bufs, slab_ready, off_n, B_ROWS, FULL_STEPS, TAIL_STEPS)
-                slab += 1
-            for kk in range(k_steps):
-                s = wait_stage_free(empty, step)
-                bar = ready.index(s)
-                if kk < FULL_STEPS:
-                    mbarrier.expect(bar, a_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s))
-                else:
-                    mbarrier.expect(bar, a_tail_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_bufs.index(s).slice(0, TAIL))
-                step += 1
-        return
     if DYNAMIC:
         num_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
         step = 0
@@ -256,9 +187,9 @@ def _take_tile(tile_ids, tile_ready, tile_free, j, num_warps: gl.constexpr):
 
 
 @gluon.jit
-def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free, staging, c_desc,
-              c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
-              B_RESIDENT: gl.constexpr, DYNAMIC: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+def _products(a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_free, staging, c_desc, c_high_desc, M, N,
+              HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr, DYNAMIC: gl.constexpr,
+              WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Product warpgroup WARPGROUP (0 or 1): rows [64 * WARPGROUP, +64) of each of this program's tiles (_product_tile):
     the tiles dealt out in advance, or with DYNAMIC the tile numbers the loader claims, until it hands over the tile
     count. Each tile's bf16 result is stored under the next tile's products; the last one's after them all."""
@@ -266,7 +197,6 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, til
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     ROWS: gl.constexpr = staging.shape[1]
     step = 0
-    slab = 0
     done = gl.zeros((ROWS, BLOCK_N), dtype=staging.dtype, layout=wgmma_layout(BLOCK_N, num_warps))
     done_m = 0
     done_n = 0
@@ -275,26 +205,19 @@ def _products(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, til
         j = 0
         tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
         while tile < num_tiles:
-            step, slab, done, done_m, done_n = _product_tile(
-                a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, 0, step, slab,
-                done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT, WARPGROUP,
-                num_warps)  # fmt: skip
+            step, done, done_m, done_n = _product_tile(
+                a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, tile, j, step, done, done_m, done_n, M, N,
+                HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, WARPGROUP, num_warps)  # fmt: skip
             j += 1
             tile = _take_tile(tile_ids, tile_ready, tile_free, j, num_warps)
         tiles_done = j
     else:
-        if B_RESIDENT:
-            first, my_tiles = _resident_run(M, N, BLOCK_M, BLOCK_N)
-            stride = 1
-        else:
-            first = gl.program_id(0)
-            my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
-            stride = gl.num_programs(0)
+        my_tiles = program_tile_count(M, N, BLOCK_M, BLOCK_N)
         for j in range(my_tiles):
-            step, slab, done, done_m, done_n = _product_tile(
-                a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, first + j * stride, j,
-                my_tiles, step, slab, done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
-                B_RESIDENT, WARPGROUP, num_warps)  # fmt: skip
+            step, done, done_m, done_n = _product_tile(
+                a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, gl.program_id(0) + j * gl.num_programs(0), j,
+                step, done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, WARPGROUP,
+                num_warps)  # fmt: skip
         tiles_done = my_tiles
     if tiles_done > 0:
         pieces = split_columns(done, BLOCK_N // staging.shape[2])
@@ -326,38 +249,27 @@ def _store_piece(staging, piece, r: gl.constexpr, c_desc, c_high_desc, tile_m, o
 
 
 @gluon.jit
-def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, c_desc, c_high_desc, tile, j, my_tiles,
-                  step, slab, done, done_m, done_n, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr,
-                  BY_COLUMN: gl.constexpr, B_RESIDENT: gl.constexpr, WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """This warpgroup's 64 rows of `tile` (the program's j-th of my_tiles): acc = A block^T @ B block over the tile's K
+def _product_tile(a_bufs, b_bufs, ready, empty, staging, c_desc, c_high_desc, tile, j, step, done, done_m, done_n, M, N,
+                  HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL: gl.constexpr, BY_COLUMN: gl.constexpr,
+                  WARPGROUP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+    """This warpgroup's 64 rows of `tile` (the program's j-th): acc = A block^T @ B block over the tile's K
     steps (a short last one of TAIL rows where TAIL_STEPS = 1). Under these products the tile before (`done`, in bf16,
     at (done_m, done_n); none where j = 0) goes out a column block per K step, each block while the step's wgmma
     runs, the blocks left when the steps run out after them. Nothing here waits for the other warpgroup, so where one
-    stages a block, the other's wgmma have the tensor cores too. With B_RESIDENT, B's blocks come from the slab buffer,
-    waited for once per column of tiles and handed back (`slab_free`) after its last tile's products. Returns the
-    ring's step count, the slab count, and this tile in bf16 with its origin, to go out under the next tile."""
+    stages a block, the other's wgmma have the tensor cores too. Returns the ring's step count and this tile in bf16
+    with its origin, to go out under the next tile."""
     BLOCK_M: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
     ROWS: gl.constexpr = staging.shape[1]
     ROUNDS: gl.constexpr = BLOCK_N // staging.shape[2]
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
-    num_m = gl.cdiv(M, BLOCK_M)
-    tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN or B_RESIDENT)
-    if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if _starts_slab(j, tile, num_m):
-            for kk in range(FULL_STEPS + TAIL_STEPS):
-                mbarrier.wait(slab_ready.index(kk), slab & 1)
-            slab += 1
+    tile_m, off_n = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, BY_COLUMN)
     pieces = split_columns(done, ROUNDS)
     acc = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=mma_layout)
     for kk in range(FULL_STEPS):
         s = wait_stage_ready(ready, step)
         a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1)
-        if B_RESIDENT:
-            b = b_bufs.index(kk)
-        else:
-            b = b_bufs.index(s)
-        acc = warpgroup_mma(a.permute((1, 0)), b, acc, use_acc=kk > 0, is_async=True)
+        acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         if kk > 0:  # the wgmma of the step before is done with its stage
             release_stage(empty, step - 1)
@@ -370,11 +282,7 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
     if TAIL_STEPS > 0:
         s = wait_stage_ready(ready, step)
         a = a_bufs.index(s).slice(WARPGROUP * ROWS, ROWS, dim=1).slice(0, TAIL)
-        if B_RESIDENT:
-            b = b_bufs.index(FULL_STEPS)
-        else:
-            b = b_bufs.index(s)
-        acc = warpgroup_mma(a.permute((1, 0)), b.slice(0, TAIL), acc, use_acc=FULL_STEPS > 0, is_async=True)
+        acc = warpgroup_mma(a.permute((1, 0)), b_bufs.index(s).slice(0, TAIL), acc, use_acc=FULL_STEPS > 0, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         if FULL_STEPS > 0:
             release_stage(empty, step - 1)
@@ -384,10 +292,7 @@ def _product_tile(a_bufs, b_bufs, ready, empty, slab_ready, slab_free, staging, 
             _store_piece(staging, pieces[r], r, c_desc, c_high_desc, done_m, done_n, HIGH_FROM, WARPGROUP)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     release_stage(empty, step - 1)
-    if B_RESIDENT:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if _ends_slab(j, my_tiles, tile, num_m):
-            mbarrier.arrive(slab_free, count=1)  # this warpgroup's products are done with the slab
-    return step, slab, acc.to(staging.dtype), tile_m, off_n
+    return step, acc.to(staging.dtype), tile_m, off_n
 
 
 @gluon.jit(do_not_specialize=["tile_counter", "B_ROWS", "FULL_STEPS", "TAIL_STEPS"])
@@ -396,12 +301,8 @@ def weight_grad_ws_kernel(
     M, N, HIGH_FROM, B_ROWS, FULL_STEPS, TAIL_STEPS,
     STAGES: gl.constexpr,  # shared-memory stages of (A, B) blocks: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]
     BY_COLUMN: gl.constexpr,  # the tiles column by column (else row by row)
-    # B's column slab resident in shared memory, in SLAB_STEPS blocks (>= the K steps; 0: B streams through the
-    # stages with A): each program takes a contiguous run of the tiles column by column (whatever BY_COLUMN says),
-    # so it loads B's slab once per column of tiles it reaches and a tile reads only A's block.
-    SLAB_STEPS: gl.constexpr,
     # The tiles claimed one at a time from tile_counter (an int32 in global memory, zero at launch) by each program's
-    # loader as it is ready for the next, in the same order, rather than dealt out in advance (not with SLAB_STEPS).
+    # loader as it is ready for the next, in the same order, rather than dealt out in advance.
     DYNAMIC: gl.constexpr,
     PRODUCT_REGS: gl.constexpr,  # registers per thread of the second product warpgroup (a worker partition)
     num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
@@ -415,18 +316,7 @@ def weight_grad_ws_kernel(
     [BLOCK_M / 2, WIDTH] pieces (a product warpgroup's rows)."""
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     WIDTH: gl.constexpr = c_desc.block_type.shape[1]
-    B_RESIDENT: gl.constexpr = SLAB_STEPS > 0
-    if B_RESIDENT:
-        a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2, B_BLOCKS=SLAB_STEPS)
-        slab_ready = gl.allocate_shared_memory(gl.int64, [SLAB_STEPS, 1], mbarrier.MBarrierLayout())
-        slab_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(SLAB_STEPS):
-            mbarrier.init(slab_ready.index(i), count=1)
-        mbarrier.init(slab_free, count=2)
-    else:
-        a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
-        slab_ready = ready  # unused
-        slab_free = ready  # unused
+    a_bufs, b_bufs, ready, empty = operand_ring(a_desc, b_desc, STAGES, RELEASES=2)
     # Two 64-column blocks per warpgroup: staging the whole 64 x 256 would cost an operand stage, which the pipeline
     # needs more.
     staging_shape: gl.constexpr = [BLOCK_N // WIDTH // 2] + c_desc.block_type.shape
@@ -443,15 +333,13 @@ def weight_grad_ws_kernel(
     TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     gl.warp_specialize(
         [
-            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free, staging,
-                         c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, B_RESIDENT,
-                         DYNAMIC, 0, num_warps)),
-            (_products, (a_bufs, b_bufs, ready, empty, slab_ready, slab_free, tile_ids, tile_ready, tile_free,
-                         staging_second, c_desc, c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN,
-                         B_RESIDENT, DYNAMIC, 1, 4)),
-            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, slab_ready,
-                              slab_free, tile_counter, tile_ids, tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS,
-                              TAIL_STEPS, BY_COLUMN, B_RESIDENT, DYNAMIC)),
+            (_products, (a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_free, staging, c_desc, c_high_desc, M,
+                         N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, DYNAMIC, 0, num_warps)),
+            (_products, (a_bufs, b_bufs, ready, empty, tile_ids, tile_ready, tile_free, staging_second, c_desc,
+                         c_high_desc, M, N, HIGH_FROM, FULL_STEPS, TAIL_STEPS, TAIL, BY_COLUMN, DYNAMIC, 1, 4)),
+            (_load_operands, (a_desc, b_desc, a_tail_desc, b_tail_desc, a_bufs, b_bufs, ready, empty, tile_counter,
+                              tile_ids, tile_ready, tile_free, M, N, B_ROWS, FULL_STEPS, TAIL_STEPS, BY_COLUMN,
+                              DYNAMIC)),
         ],
         [4, 1],  # the second product warpgroup, the loader warp
         [PRODUCT_REGS, 24],  # the loader needs few registers
