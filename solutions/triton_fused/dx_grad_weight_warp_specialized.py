@@ -14,10 +14,10 @@ its gradient, so the kernel moves its bytes as a copy does:
   and rounded to bf16 (wgmma with A in registers, as dx_warp_specialized.py), against the weight block. The first two
   also compute the gradient block's columns [64 i, 64 i + 64): dd block^T (fp16, read transposed from shared memory) @
   x16's columns, K = the BLOCK_M tokens in one product (two with the tail), rounded to bf16 and stored by TMA through
-  the warpgroup's own staging buffer into grad_w1 or grad_w3. A third warpgroup takes dx's rows alone: the 128
-  gradient columns split in halves, not thirds, and the warpgroups share the SM's tensor cores, so the uneven split
-  costs them no time. Nothing joins the warpgroups, so while one rounds and stores, the others' wgmma have the tensor
-  cores.
+  the warpgroup's own staging buffer into grad_w1 or grad_w3. A third warpgroup takes dx's rows alone (the 128
+  gradient columns split in halves, not thirds): the warpgroups share the SM's tensor cores, so the work in all, not
+  its split, is what they wait for. Nothing joins the warpgroups, so while one rounds and stores, the others' wgmma
+  have the tensor cores.
 
 Each step waits for its wgmma before the warpgroup reloads its A registers, so no wgmma in flight reads registers
 that a later load rewrites (the hazard dx_warp_specialized.py describes).
@@ -136,7 +136,6 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
         else:
             acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
             release_stage(empty, step)
-
     # Out of wgmma's layout (a warp's store touches 8 rows, 16 bytes each) into one whose warp stores two rows of 256
     # contiguous bytes, so that the partial's stores coalesce.
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])

@@ -297,8 +297,8 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
     )),
-    # The same over 192 token rows, a third product warpgroup taking the last 64; dh in 128 x 256 tiles (two rows of
-    # them, where 64-row ones would take three).
+    # The same over 192 token rows, a third product warpgroup taking the last 64 (3 stages: 4 exceed shared memory); dh
+    # in 128 x 256 tiles, two rows of them (three rows of 64 were slower).
     (192, replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True), dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     (256, Plan(

@@ -80,7 +80,8 @@ TILE_COUNTERS = 3
 # 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 PRODUCT_REGS = 232
 # The same for each product warpgroup after the first of the fused dx with grad_w1/grad_w3, by its block of tokens:
-# three product warpgroups and the loader's share 64K registers as 168 + 2 x 160 + 24 per thread.
+# with three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first at most
+# 168 of an SM's 64K registers.
 FUSED_PRODUCT_REGS = {128: PRODUCT_REGS, 192: 160}
 
 
