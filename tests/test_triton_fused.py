@@ -488,8 +488,8 @@ def test_warp_specialized_dx_needs_a_gpu(interpreted) -> None:
 )
 def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, dims: Dims, changes: dict, message: str) -> None:
     """The Gluon kernel of dx with grad_w1/grad_w3 stands for the grad_w1/grad_w3 kernel too, reads all the tokens in
-    one block of 128 (or 192) rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU interpreter:
-    plans that ask otherwise fail clearly, before any launch."""
+    one block of 128 (or 192) rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU
+    interpreter: plans that ask otherwise fail clearly, before any launch."""
     dh = plan_types(interpreted).TritonDh(tile(interpreted, *changes.pop("dh", (128, 32, 16, 1, 1))))
     with pytest.raises(ValueError, match="tokens in 128 or 192 rows, not 256"):
         plan_types(interpreted).FusedDxGradW13(stages=2, split=2, block_m=256)

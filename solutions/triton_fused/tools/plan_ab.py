@@ -8,7 +8,7 @@
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
 `gluon grad_w2: replace(plan, grad_w2=GluonWeightGrad(dynamic=True))` or, one variant over several buckets,
-`narrow block: replace(plan, dx=replace(plan.dx, chunks=(128, 32) if T <= 160 else (128, 64)))`.
+`fewer stages: replace(plan, dx=replace(plan.dx, stages=2 if T <= 160 else 3))`.
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a
 few us between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the
 largest difference relative to the largest magnitude, per output; a placement of stages must give 0). Then every
