@@ -483,8 +483,9 @@ def dx_grad_w13(p: Problem, w: FusedDxGradW13) -> None:
     grads = [p.gluon_descriptor(o[name], [FUSED_BLOCK_K, FUSED_BLOCK_N // 2]) for name in ("grad_w1_weight", "grad_w3_weight")]
     # tokens [0, 128) in one block, [128, 192) in a tail block of their own (TMA's blocks are powers of two)
     tail = w.block_m - FUSED_HEAD_ROWS
-    dd = [p.gluon_descriptor(p.dd, [rows, FUSED_BLOCK_K]) for rows in (FUSED_HEAD_ROWS, tail or FUSED_HEAD_ROWS)]
-    x = [p.gluon_descriptor(p.x_precise, [rows, FUSED_BLOCK_N]) for rows in (FUSED_HEAD_ROWS, tail or FUSED_HEAD_ROWS)]
+    block_rows = (FUSED_HEAD_ROWS, tail or FUSED_HEAD_ROWS)  # without a tail, its descriptors repeat the head's
+    dd = [p.gluon_descriptor(p.dd, [rows, FUSED_BLOCK_K]) for rows in block_rows]
+    x = [p.gluon_descriptor(p.x_precise, [rows, FUSED_BLOCK_N]) for rows in block_rows]
     splits = 2 * p.dx_split
     p.launch(dx_grad_weight_ws_kernel, (triton.cdiv(p.hidden, FUSED_BLOCK_N), splits),
         *dd, *x, *weights, *grads, p.partials, p.tokens, p.hidden, p.ffn, 2 * p.ffn // splits,

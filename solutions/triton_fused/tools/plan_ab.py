@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
 from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device
-from harness.workloads import load_named_suite
+from harness.workloads import Workload, load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
 
@@ -87,31 +88,47 @@ def variant_plans(module, bucket, dims, variants: dict[str, str]) -> dict:
     return plans
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workloads", required=True, help="comma-separated indices of the suite's workloads")
+def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options plan_ab.py and timeline.py share: the workloads, the variants and the log file."""
     parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
+    parser.add_argument("--workloads", help="comma-separated indices of the suite's workloads (default: all)")
     parser.add_argument(
         "--variant",
         action="append",
         default=[],
         help="'name: expression' (repeatable; none: the plan alone, as a baseline for another tree)",
     )
+    parser.add_argument("--out", default=out, help="JSON lines log, appended to")
+
+
+def start_session(args: argparse.Namespace) -> tuple[Any, dict[str, str], list[tuple[int, Workload]], Path]:
+    """triton_fused's solution module, the variants by name, the chosen (index, workload) pairs and the log file, to
+    which this invocation's provenance header is appended (several invocations may share one file)."""
+    run = get_solution("triton_fused").load_entry_point()
+    variants = dict(parse_variant(text) for text in args.variant)
+    workloads = list(enumerate(load_named_suite(args.suite).workloads))
+    if args.workloads:
+        try:
+            workloads = [workloads[int(i)] for i in args.workloads.split(",")]
+        except (ValueError, IndexError):
+            raise SystemExit(f"--workloads {args.workloads!r}: expected indices below {len(workloads)}") from None
+    out = Path(args.out)
+    device = torch.device("cuda")
+    with out.open("a") as handle:
+        handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
+    return sys.modules[run.__module__], variants, workloads, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    add_shared_arguments(parser, "plan_ab.jsonl")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--latency", action="store_true", help="time call latency at fresh addresses, not device time")
-    parser.add_argument("--out", default="plan_ab.jsonl")
     args = parser.parse_args()
 
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
-    variants = dict(parse_variant(text) for text in args.variant)
+    module, variants, workloads, out = start_session(args)
     device = torch.device("cuda")
-    out = Path(args.out)
-    with out.open("a") as handle:  # several invocations may share one file: each adds its header and rows
-        handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
-    suite = load_named_suite(args.suite).workloads
-    for index in (int(i) for i in args.workloads.split(",")):
-        workload = suite[index]
+    for index, workload in workloads:
         dims = workload.dims
         inputs = generate_inputs(dims, 0, "cuda")
         arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)

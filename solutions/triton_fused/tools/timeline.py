@@ -23,17 +23,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import sys
-from pathlib import Path
 
 import torch
-from plan_ab import parse_variant, variant_plans
+from plan_ab import add_shared_arguments, start_session, variant_plans
 
 from harness.attribution import profile_kernels
-from harness.provenance import collect, read_clocks
-from harness.registry import get_solution
 from harness.runner import allocate_outputs
-from harness.workloads import load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS
 
@@ -48,25 +43,13 @@ def backward_call(module, arguments: list[torch.Tensor], plan, index: int) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="timeline.jsonl")
-    parser.add_argument("--workloads", help="comma-separated indices of the suite's workloads (default: all)")
-    parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
+    add_shared_arguments(parser, "timeline.jsonl")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calls", type=int, default=3, help="profiled calls per plan (the median one is shown)")
-    parser.add_argument("--variant", action="append", default=[], help="'name: expression', as plan_ab.py takes it (repeatable)")
     args = parser.parse_args()
 
-    run = get_solution("triton_fused").load_entry_point()
-    module = sys.modules[run.__module__]
-    variants = dict(parse_variant(text) for text in args.variant)
+    module, variants, workloads, out = start_session(args)
     device = torch.device("cuda")
-    workloads = list(enumerate(load_named_suite(args.suite).workloads))
-    if args.workloads:
-        chosen = {int(i) for i in args.workloads.split(",")}
-        workloads = [(i, w) for i, w in workloads if i in chosen]
-    out = Path(args.out)
-    with out.open("a") as handle:  # several invocations may share one file: each adds its header and rows
-        handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
     for index, workload in workloads:
         dims = workload.dims
         inputs = generate_inputs(dims, args.seed, "cuda")
