@@ -520,8 +520,8 @@ def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split:
 
 
 def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
-    """dd_low is allocated, and written by either dh, for Triton's dx, which reads it; not for the Gluon
-    dx or the fused dx with grad_w1/grad_w3, which read the fp16 dd, whichever dh runs before them."""
+    """dd_low is allocated, and written by either dh, for Triton's dx, which reads it; not for the Gluon dx or the fused
+    dx with grad_w1/grad_w3, which read the fp16 dd, whichever dh runs before them."""
     module = solution_module()
     types = plan_types(module)
     gluon_dh = types.GluonDh(block_k=64, stages=5, act_width=16, act_buffers=2, block_n=128, fewest_programs=True)
@@ -752,8 +752,8 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
 )  # fmt: skip
 def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon grad_w1/grad_w3 gives Triton's bits on every call: the same products in the same order, its short last
-    step leaving out only zero rows. T = 196 (4 tokens past 192), 215 (23), 240 (48: whole steps), 256, 20 (the short step alone), 64;
-    F = 320 is not a multiple of 128 (one launch per weight)."""
+    step leaving out only zero rows. T = 196 (4 tokens past 192), 215 (23), 240 (48: whole steps), 256, 20 (the short
+    step alone), 64; F = 320 is not a multiple of 128 (one launch per weight)."""
     module = solution_module()
     types = plan_types(module)
     inputs = generate_inputs(dims, 0, "cuda")

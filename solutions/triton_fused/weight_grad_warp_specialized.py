@@ -25,19 +25,18 @@ slower; docs/performance.md).
 No barrier joins the two warpgroups, so they drift apart, and while one converts and stages, the other's wgmma have
 the tensor cores (ping-pong); running both on the tile in step stalls the tensor cores at every tile end.
 
-The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns
-(of H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column tile
-fastest) or, with BY_COLUMN, column by column. With DYNAMIC the tiles go in the same order to whichever program's
-loader asks next: it claims a tile number from a counter in global memory (one atomic add by one lane) as its ring
-has room for the tile's first step, and hands the number to the product warpgroups through a two-slot ring in shared
-memory. A stage whose programs start at different times (on SMs that the kernel before frees at different times) then
-ends at about one time on every SM instead of inheriting the lag. The tiles' products are
-the same, so are the bits. Where F is a multiple of 128 one launch covers both weights: rows [0, F) go to grad_w1
-through c_desc, rows [F, 2F) to grad_w3 through c_high_desc; otherwise the launcher makes one launch per weight, with
-c_high_desc the same as c_desc. Shared memory: STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages
-take 224 KB. Registers: 12 warps (4 + 4 + the loader, padded to a
-warpgroup) leave each product warpgroup more than the 192 registers per thread of its accumulator (128) and of the
-tile before in bf16 (64): ptxas spills none.
+The tile is 128 rows of the output (of the 2F rows of [grad_w1; grad_w3], or the H of grad_w2) by 256 of its columns (of
+H, or of F); program p takes tiles p, p + programs, ..., one program per SM, row by row of tiles (the column tile
+fastest) or, with BY_COLUMN, column by column. With DYNAMIC the tiles go in the same order to whichever program's loader
+asks next: it claims a tile number from a counter in global memory (one atomic add by one lane) as its ring has room for
+the tile's first step, and hands the number to the product warpgroups through a two-slot ring in shared memory. A stage
+whose programs start at different times (on SMs that the kernel before frees at different times) then ends at about one
+time on every SM instead of inheriting the lag. The tiles' products are the same, so are the bits. Where F is a multiple
+of 128 one launch covers both weights: rows [0, F) go to grad_w1 through c_desc, rows [F, 2F) to grad_w3 through
+c_high_desc; otherwise the launcher makes one launch per weight, with c_high_desc the same as c_desc. Shared memory:
+STAGES x (16 + 32) KB of operands and 2 x 16 KB of staging: 4 stages take 224 KB. Registers: 12 warps (4 + 4 + the
+loader, padded to a warpgroup) leave each product warpgroup more than the 192 registers per thread of its accumulator
+(128) and of the tile before in bf16 (64): ptxas spills none.
 
 For grad_w1/grad_w3 the rows past T in the last step are zeros in both operands (the launcher pads dd and x16 to
 whole steps), so the sums are those of Triton's kernel bit for bit: the same products, accumulated in fp32 in the
