@@ -281,9 +281,9 @@ _GLUON_DX_INTO_ROWS = GluonDx(tile=_DX_WIDE, split=1, to_rows=True)
 PLANS: tuple[tuple[int, Plan], ...] = (
     # Memory-bound: Triton's kernels throughout; dx's w3 half behind dh, its w1 half and scatter beside grad_w1/grad_w3.
     # dh streams w2 with 6 stages in flight per program: deeper pipelines read it faster, until its 224 programs no
-    # longer fit on the SMs at once.
+    # longer fit on the SMs at once. Its loads wait on memory with few warps to issue from: 8 warps per tile issue more.
     (64, Plan(
-        dh=TritonDh(Tile(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=6), gathers_rows=True),
+        dh=TritonDh(Tile(block_m=64, block_n=64, block_k=64, num_warps=8, num_stages=6), gathers_rows=True),
         grad_w2=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4,
                                       programs_per_sm=1, flatten=True)),
         grad_w13=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2,
@@ -293,7 +293,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     )),
     # One pass over w1 and w3 for dx and their gradients: the weights are read once, and their gradients written beside.
     (128, _FUSED_PLAN := Plan(
-        dh=TritonDh(Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4, epilogue_split=2),
+        dh=TritonDh(Tile(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=4, epilogue_split=2),
                     gathers_rows=True),
         grad_w2=GluonWeightGrad(),
         grad_w13=None,
