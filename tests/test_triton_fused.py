@@ -18,7 +18,7 @@ from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 from reference import generate_inputs, reference_backward_fp32
-from reference.problem import OUTPUTS, Dims
+from reference.problem import INPUTS, OUTPUTS, Dims
 from tests.conftest import INTERPRETED
 
 pytest.importorskip("triton")
@@ -90,6 +90,23 @@ def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
         assert plans["by B"].schedule.side_stream is not one_stream
     with pytest.raises(SystemExit, match="variant 'typo': NameError"):
         plan_ab.variant_plans(interpreted, bucket, dims, {"typo": "replace(plan, dx=Tiles())"})
+
+
+def test_plan_ab_draws_each_workloads_arguments_then_frees_them() -> None:
+    """The tools' workload_arguments: per workload the inputs drawn from the seed, in calling order, then unwritten
+    outputs of the right shapes; each list emptied once the next workload is asked for, the last at the end."""
+    plan_ab = plan_ab_tool()
+    workloads = list(enumerate(load_named_suite("smoke").workloads))[1:3]
+    seen = []
+    for index, workload, arguments in plan_ab.workload_arguments(workloads, 3, torch.device("cpu")):
+        expected = generate_inputs(workload.dims, 3)
+        assert all(torch.equal(arguments[i], expected[spec.name]) for i, spec in enumerate(INPUTS))
+        outputs = arguments[len(INPUTS) :]
+        assert [tuple(o.shape) for o in outputs] == [tuple(spec.concrete_shape(workload.dims)) for spec in OUTPUTS]
+        assert [len(a) for a in seen] == [0] * len(seen)
+        seen.append(arguments)
+        assert (index, len(arguments)) == (workloads[len(seen) - 1][0], len(INPUTS) + len(OUTPUTS))
+    assert [len(a) for a in seen] == [0, 0]
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:

@@ -15,11 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from plan_ab import add_shared_arguments, start_session, variant_plans
-
-from harness.runner import allocate_outputs
-from reference import generate_inputs
-from reference.problem import INPUTS
+from plan_ab import add_shared_arguments, start_session, variant_plans, workload_arguments
 
 WARMUP_CALLS = 3
 
@@ -32,10 +28,8 @@ def main() -> None:
 
     module, variants, workloads, _ = start_session(args)
     device = torch.device("cuda")
-    for index, workload in workloads:
+    for index, workload, arguments in workload_arguments(workloads, args.seed, device):
         dims = workload.dims
-        inputs = generate_inputs(dims, args.seed, "cuda")
-        arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
         for name, plan in variant_plans(module, module.plan_for(dims.num_tokens), dims, variants).items():
             for _ in range(WARMUP_CALLS):
                 module.backward(*arguments, plan=plan)
@@ -45,8 +39,6 @@ def main() -> None:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
             print(f"#{index} B={dims.batch_seq_len} T={dims.num_tokens} {name}: one call profiled")
-        del inputs, arguments
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

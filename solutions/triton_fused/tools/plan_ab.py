@@ -27,6 +27,7 @@ import functools
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,22 @@ def start_session(args: argparse.Namespace) -> tuple[Any, dict[str, str], list[t
     return sys.modules[run.__module__], variants, workloads, out
 
 
+def workload_arguments(
+    workloads: list[tuple[int, Workload]], seed: int, device: torch.device
+) -> Iterator[tuple[int, Workload, list[torch.Tensor]]]:
+    """(index, workload, arguments) per workload: a call's arguments, the inputs drawn from `seed` and then the outputs,
+    unwritten; the list is emptied before the next workload's are drawn, so that one workload's tensors are on the
+    device at a time."""
+    for index, workload in workloads:
+        inputs = generate_inputs(workload.dims, seed, device)
+        arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
+        del inputs
+        yield index, workload, arguments
+        arguments.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_shared_arguments(parser, "plan_ab.jsonl")
@@ -127,12 +144,8 @@ def main() -> None:
     args = parser.parse_args()
 
     module, variants, workloads, out = start_session(args)
-    device = torch.device("cuda")
-    for index, workload in workloads:
-        dims = workload.dims
-        inputs = generate_inputs(dims, 0, "cuda")
-        arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
-        outputs = arguments[len(INPUTS) :]
+    for index, workload, arguments in workload_arguments(workloads, 0, torch.device("cuda")):
+        dims, outputs = workload.dims, arguments[len(INPUTS) :]
         plans = variant_plans(module, module.plan_for(dims.num_tokens), dims, variants)
         expected = None
         for name, plan in plans.items():
@@ -170,8 +183,7 @@ def main() -> None:
             print(
                 f"#{index} T={dims.num_tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})"
             )
-        del inputs, arguments, outputs
-        torch.cuda.empty_cache()
+        del outputs
 
 
 if __name__ == "__main__":

@@ -25,12 +25,9 @@ import functools
 import json
 
 import torch
-from plan_ab import add_shared_arguments, start_session, variant_plans
+from plan_ab import add_shared_arguments, start_session, variant_plans, workload_arguments
 
 from harness.attribution import profile_kernels
-from harness.runner import allocate_outputs
-from reference import generate_inputs
-from reference.problem import INPUTS
 
 WARMUP_CALLS = 3
 HEAD_START_SECONDS = 5e-3  # the GPU spin ahead of the profiled call: longer than the host needs to issue it
@@ -50,10 +47,8 @@ def main() -> None:
 
     module, variants, workloads, out = start_session(args)
     device = torch.device("cuda")
-    for index, workload in workloads:
+    for index, workload, arguments in workload_arguments(workloads, args.seed, device):
         dims = workload.dims
-        inputs = generate_inputs(dims, args.seed, "cuda")
-        arguments = [inputs[spec.name] for spec in INPUTS] + allocate_outputs(workload, device)
         for name, plan in variant_plans(module, module.plan_for(dims.num_tokens), dims, variants).items():
             call = functools.partial(backward_call, module, arguments, plan)
             for i in range(WARMUP_CALLS):
@@ -68,8 +63,6 @@ def main() -> None:
                     row = {"index": index, "uuid": workload.uuid, "B": dims.batch_seq_len, "T": dims.num_tokens,
                            "plan": name, **k.model_dump()}  # fmt: skip
                     handle.write(json.dumps(row) + "\n")
-        del inputs, arguments
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
