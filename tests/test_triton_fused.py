@@ -84,12 +84,11 @@ def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
     by_t = "by T: replace(plan, dx=replace(plan.dx, stages=2 if T <= 160 else 4))"
     variants = dict(map(plan_ab.parse_variant, (by_t, "by B: plan if B > 2048 else plan.on_one_stream()")))
     for dims, stages, one_stream in ((Dims(1024, 150), 2, True), (Dims(4096, 180), 4, False)):
-        bucket = interpreted.plan_for(dims.num_tokens)
-        plans = plan_ab.variant_plans(interpreted, bucket, dims, variants)
-        assert plans["plan"] is bucket and plans["by T"].dx.stages == stages
+        plans = plan_ab.variant_plans(interpreted, dims, variants)
+        assert plans["plan"] is interpreted.plan_for(dims.num_tokens) and plans["by T"].dx.stages == stages
         assert plans["by B"].schedule.side_stream is not one_stream
     with pytest.raises(SystemExit, match="variant 'typo': NameError"):
-        plan_ab.variant_plans(interpreted, bucket, dims, {"typo": "replace(plan, dx=Tiles())"})
+        plan_ab.variant_plans(interpreted, dims, {"typo": "replace(plan, dx=Tiles())"})
 
 
 def test_plan_ab_draws_each_workloads_arguments_then_frees_them() -> None:

@@ -71,9 +71,10 @@ def parse_variant(text: str) -> tuple[str, str]:
     return name.strip(), expression.strip()
 
 
-def variant_plans(module, bucket, dims, variants: dict[str, str]) -> dict:
-    """{"plan": the bucket plan} and each variant's plan by name: its expression evaluated over `plan` (the bucket's),
-    `T` and `B` (the workload's), `replace` and the names of the solution module's plan.py."""
+def variant_plans(module, dims, variants: dict[str, str]) -> dict:
+    """{"plan": the plan of the workload's bucket} and each variant's plan by name: its expression evaluated over `plan`
+    (the bucket's), `T` and `B` (the workload's), `replace` and the names of the solution module's plan.py."""
+    bucket = module.plan_for(dims.num_tokens)
     names = vars(sys.modules[f"{module.__package__}.plan"]) | {
         "replace": dataclasses.replace,
         "plan": bucket,
@@ -146,7 +147,7 @@ def main() -> None:
     module, variants, workloads, out = start_session(args)
     for index, workload, arguments in workload_arguments(workloads, 0, torch.device("cuda")):
         dims, outputs = workload.dims, arguments[len(INPUTS) :]
-        plans = variant_plans(module, module.plan_for(dims.num_tokens), dims, variants)
+        plans = variant_plans(module, dims, variants)
         expected = None
         for name, plan in plans.items():
             for out_tensor in outputs:

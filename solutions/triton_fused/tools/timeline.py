@@ -49,7 +49,7 @@ def main() -> None:
     device = torch.device("cuda")
     for index, workload, arguments in workload_arguments(workloads, args.seed, device):
         dims = workload.dims
-        for name, plan in variant_plans(module, module.plan_for(dims.num_tokens), dims, variants).items():
+        for name, plan in variant_plans(module, dims, variants).items():
             call = functools.partial(backward_call, module, arguments, plan)
             for i in range(WARMUP_CALLS):
                 call(i)
