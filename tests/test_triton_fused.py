@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
+import types
 import weakref
 from pathlib import Path
 
@@ -106,6 +107,27 @@ def test_plan_ab_draws_each_workloads_arguments_then_frees_them() -> None:
         seen.append(arguments)
         assert (index, len(arguments)) == (workloads[len(seen) - 1][0], len(INPUTS) + len(OUTPUTS))
     assert [len(a) for a in seen] == [0, 0]
+
+
+def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted) -> None:
+    """The profiling tools' loop (timeline.py, ncu_call.py): every variant of every workload's bucket plan, each handed
+    over once it has made WARMUP_CALLS calls on that workload's own arguments."""
+    plan_ab = plan_ab_tool()
+    calls = []
+    module = types.SimpleNamespace(
+        __package__=interpreted.__package__,
+        plan_for=interpreted.plan_for,
+        backward=lambda *arguments, plan: calls.append((arguments, plan)),
+    )
+    workloads = list(enumerate(load_named_suite("smoke").workloads))[1:3]
+    variants = dict([plan_ab.parse_variant("one stream: plan.on_one_stream()")])
+    yielded = []
+    for index, workload, arguments, name, plan in plan_ab.warmed_variants(module, workloads, variants, 3, torch.device("cpu")):
+        assert len(calls) == plan_ab.WARMUP_CALLS
+        assert all(a == tuple(arguments) and p is plan for a, p in calls)
+        calls.clear()
+        yielded.append((index, name, plan.schedule.side_stream))
+    assert yielded == [(i, n, s) for i, _ in workloads for n, s in (("plan", True), ("one stream", False))]
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:

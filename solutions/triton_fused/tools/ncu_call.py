@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from plan_ab import add_shared_arguments, start_session, variant_plans, workload_arguments
-
-WARMUP_CALLS = 3
+from plan_ab import add_shared_arguments, start_session, warmed_variants
 
 
 def main() -> None:
@@ -28,17 +26,13 @@ def main() -> None:
 
     module, variants, workloads, _ = start_session(args)
     device = torch.device("cuda")
-    for index, workload, arguments in workload_arguments(workloads, args.seed, device):
-        dims = workload.dims
-        for name, plan in variant_plans(module, dims, variants).items():
-            for _ in range(WARMUP_CALLS):
-                module.backward(*arguments, plan=plan)
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStart()
-            module.backward(*arguments, plan=plan)
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
-            print(f"#{index} B={dims.batch_seq_len} T={dims.num_tokens} {name}: one call profiled")
+    for index, workload, arguments, name, plan in warmed_variants(module, workloads, variants, args.seed, device):
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        module.backward(*arguments, plan=plan)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        print(f"#{index} B={workload.dims.batch_seq_len} T={workload.dims.num_tokens} {name}: one call profiled")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
 
 TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
+WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its compiles, its call context's recording
 
 
 def gpu_time_us(fn, config: TimingConfig = TIMING) -> float:
@@ -135,6 +136,19 @@ def workload_arguments(
         arguments.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def warmed_variants(
+    module, workloads: list[tuple[int, Workload]], variants: dict[str, str], seed: int, device: torch.device
+) -> Iterator[tuple[int, Workload, list[torch.Tensor], str, Any]]:
+    """(index, workload, arguments, name, plan) for each variant of each workload's bucket plan (variant_plans), on
+    that workload's arguments (workload_arguments), once the plan has made WARMUP_CALLS calls on them: what
+    timeline.py and ncu_call.py profile."""
+    for index, workload, arguments in workload_arguments(workloads, seed, device):
+        for name, plan in variant_plans(module, workload.dims, variants).items():
+            for _ in range(WARMUP_CALLS):
+                module.backward(*arguments, plan=plan)
+            yield index, workload, arguments, name, plan
 
 
 def main() -> None:

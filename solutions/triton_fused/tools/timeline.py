@@ -25,11 +25,10 @@ import functools
 import json
 
 import torch
-from plan_ab import add_shared_arguments, start_session, variant_plans, workload_arguments
+from plan_ab import add_shared_arguments, start_session, warmed_variants
 
 from harness.attribution import profile_kernels
 
-WARMUP_CALLS = 3
 HEAD_START_SECONDS = 5e-3  # the GPU spin ahead of the profiled call: longer than the host needs to issue it
 
 
@@ -47,22 +46,19 @@ def main() -> None:
 
     module, variants, workloads, out = start_session(args)
     device = torch.device("cuda")
-    for index, workload, arguments in workload_arguments(workloads, args.seed, device):
+    for index, workload, arguments, name, plan in warmed_variants(module, workloads, variants, args.seed, device):
         dims = workload.dims
-        for name, plan in variant_plans(module, dims, variants).items():
-            call = functools.partial(backward_call, module, arguments, plan)
-            for i in range(WARMUP_CALLS):
-                call(i)
-            timeline = profile_kernels(call, lambda i: None, device, args.calls, HEAD_START_SECONDS)
-            print(f"#{index} B={dims.batch_seq_len} T={dims.num_tokens} {name}: {timeline.span_us:.1f} us from the first "
-                  f"kernel's start to the last end (median of {timeline.calls}){'; ' + timeline.note if timeline.note else ''}")  # fmt: skip
-            with out.open("a") as handle:
-                for k in timeline.kernels:
-                    end = k.start_us + k.duration_us
-                    print(f"  {k.stream:4} {k.name[:40]:40} {k.start_us:8.1f} -> {end:8.1f}  ({k.duration_us:.1f})")
-                    row = {"index": index, "uuid": workload.uuid, "B": dims.batch_seq_len, "T": dims.num_tokens,
-                           "plan": name, **k.model_dump()}  # fmt: skip
-                    handle.write(json.dumps(row) + "\n")
+        call = functools.partial(backward_call, module, arguments, plan)
+        timeline = profile_kernels(call, lambda i: None, device, args.calls, HEAD_START_SECONDS)
+        print(f"#{index} B={dims.batch_seq_len} T={dims.num_tokens} {name}: {timeline.span_us:.1f} us from the first "
+              f"kernel's start to the last end (median of {timeline.calls}){'; ' + timeline.note if timeline.note else ''}")  # fmt: skip
+        with out.open("a") as handle:
+            for k in timeline.kernels:
+                end = k.start_us + k.duration_us
+                print(f"  {k.stream:4} {k.name[:40]:40} {k.start_us:8.1f} -> {end:8.1f}  ({k.duration_us:.1f})")
+                row = {"index": index, "uuid": workload.uuid, "B": dims.batch_seq_len, "T": dims.num_tokens,
+                       "plan": name, **k.model_dump()}  # fmt: skip
+                handle.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
