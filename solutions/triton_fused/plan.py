@@ -22,15 +22,23 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
-ROW_PAD = 128  # rows of the (T, .) intermediates are padded with zeros to a multiple of this (see solution.py)
+# The rows of the (T, .) intermediates (g, ge, x16, dd) are padded with zeros to a multiple of ROW_PAD, a multiple of
+# every tile's block_m and block_k (Plan.check), so that no GEMM operand block of them reaches past their end.
+ROW_PAD = 128
 WS_BLOCK_M = 128  # rows of the Gluon dh's and weight gradient's tiles (two warpgroups of 64-row wgmma)
 WS_BLOCK_K = 64  # the Gluon weight gradient's whole K step (tokens)
 # Its short last K step: where at most this many tokens are left after the whole steps, they are a step of this many
 # rows rather than of 64.
 WS_SHORT_STEP = 32
+# Registers per thread of the Gluon weight gradient's second product warpgroup (Triton's compiler then gives the first
+# 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
+WS_PRODUCT_REGS = 232
 FUSED_HEAD_ROWS = 128  # FusedDxGradW13: all the tokens in one block of rows (this many, then a tail of 64),
 FUSED_BLOCK_N = 128  # by this many hidden columns per program,
 FUSED_BLOCK_K = 64  # in K steps of this many of the 2F columns
+# Registers per thread of each product warpgroup after the first of FusedDxGradW13, by its block of tokens (block_m):
+# with three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first 168.
+FUSED_PRODUCT_REGS = {128: WS_PRODUCT_REGS, 192: 160}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,11 +146,12 @@ class FusedDxGradW13:
 
     stages: int
     split: int  # split of each weight's F
-    block_m: int = 128  # 128 or 192
+    block_m: int = 128  # a key of FUSED_PRODUCT_REGS: 128 or 192
 
     def __post_init__(self) -> None:
-        if self.block_m not in (128, 192):
-            raise ValueError(f"dx with grad_w1/grad_w3 takes its tokens in 128 or 192 rows, not {self.block_m}")
+        if self.block_m not in FUSED_PRODUCT_REGS:
+            rows = " or ".join(map(str, FUSED_PRODUCT_REGS))
+            raise ValueError(f"dx with grad_w1/grad_w3 takes its tokens in {rows} rows, not {self.block_m}")
 
 
 Dx = TritonDx | GluonDx | FusedDxGradW13
@@ -303,8 +312,9 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # in 128 x 256 tiles, two rows of them (three rows of 64 were slower).
     (192, replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True), dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
+    # dh's tiles in 16 warps, 128 registers a thread rather than 255 in 8, its epilogue in halves.
     (256, Plan(
-        dh=TritonDh(_DH_WIDE, gathers_rows=True),
+        dh=TritonDh(replace(_DH_WIDE, num_warps=16, epilogue_split=2), gathers_rows=True),
         grad_w2=GluonWeightGrad(dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
         dx=_GLUON_DX_INTO_ROWS,

@@ -42,9 +42,11 @@ from .plan import (
     FUSED_BLOCK_K,
     FUSED_BLOCK_N,
     FUSED_HEAD_ROWS,
+    FUSED_PRODUCT_REGS,
     ROW_PAD,
     WS_BLOCK_K,
     WS_BLOCK_M,
+    WS_PRODUCT_REGS,
     WS_SHORT_STEP,
     FusedDxGradW13,
     GluonDh,
@@ -68,21 +70,12 @@ INPUT_NAMES = (
 OUTPUT_NAMES = ("grad_hidden_states", "grad_routing_weights", "grad_w1_weight", "grad_w2_weight", "grad_w3_weight")
 
 ROW_BLOCK_H = 512  # columns per program of the per-token kernels (gather, routing_x16, scatter): 8 per token at H = 4096
-# The rows of the (T, .) intermediates (g, ge, x16, dd) are padded with zeros to a multiple of ROW_PAD, a multiple of
-# every tile's block_m and block_k, so that no GEMM operand block of them reaches past their end (weight_grad_kernel).
 ZERO_BLOCK_H = 1024  # columns per program of zero_unselected: 4 per gap between selected rows at H = 4096
 WS_BLOCK_N = 256  # columns of the Gluon weight gradient's tile
 WS_STORE_WIDTH = 64  # columns per TMA store of the Gluon weight gradient
 # Tile-claim counters per call (Problem.counters): grad_w2 and up to two launches of grad_w1/grad_w3 (one per weight
 # where F is not a multiple of the tile's rows)
 TILE_COUNTERS = 3
-# Registers per thread of the Gluon weight gradient's second product warpgroup (Triton's compiler then gives the first
-# 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
-PRODUCT_REGS = 232
-# The same for each product warpgroup after the first of the fused dx with grad_w1/grad_w3, by its block of tokens:
-# with three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first at most
-# 168 of an SM's 64K registers.
-FUSED_PRODUCT_REGS = {128: PRODUCT_REGS, 192: 160}
 
 
 @functools.cache
@@ -415,7 +408,7 @@ def _weight_grad_warp_specialized(p: Problem, w: GluonWeightGrad, a: torch.Tenso
         p.gluon_descriptor(a, [WS_SHORT_STEP, WS_BLOCK_M]), p.gluon_descriptor(b, [WS_SHORT_STEP, WS_BLOCK_N]),
         p.gluon_descriptor(c, store), p.gluon_descriptor(c if c_high is None else c_high, store),
         p.tile_counter() if w.dynamic else p.counters, m, n, m if c_high is None else c.shape[0], b.shape[0], full_steps,
-        tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, DYNAMIC=w.dynamic, PRODUCT_REGS=PRODUCT_REGS, num_warps=4,
+        tail_steps, STAGES=w.stages, BY_COLUMN=w.by_column, DYNAMIC=w.dynamic, PRODUCT_REGS=WS_PRODUCT_REGS, num_warps=4,
     )  # fmt: skip
 
 
