@@ -422,14 +422,15 @@ def test_half_precision_path(interpreted) -> None:
 
 def test_plans_by_bucket(interpreted) -> None:
     assert interpreted.plan_for(64) is interpreted.plan_for(1)
-    assert interpreted.plan_for(129) is interpreted.plan_for(192) and interpreted.plan_for(193) is interpreted.plan_for(256)
+    assert interpreted.plan_for(129) is interpreted.plan_for(160) and interpreted.plan_for(161) is interpreted.plan_for(192)
+    assert interpreted.plan_for(193) is interpreted.plan_for(256)
     assert interpreted.plan_for(257) is interpreted.plan_for(320) and interpreted.plan_for(385) is interpreted.plan_for(1024)
     assert interpreted.plan_for(2048) is interpreted.plan_for(100_000)
     # each bucket of dx with grad_w1/grad_w3 ends where its one block of tokens does: a larger T would not fit, a smaller
     # limit would leave the block's last rows to no T
     types = plan_types(interpreted)
     fused = [(limit, plan.dx.block_m) for limit, plan in types.PLANS if isinstance(plan.dx, types.FusedDxGradW13)]
-    assert fused == [(128, 128), (192, 192)], fused
+    assert fused == [(128, 128), (160, 160), (192, 192)], fused
     # above 1024, dx's tiles of 64 rows where 128-row ones leave their last wave nearly empty (T = 2049: 272 tiles, 3
     # waves of 132, against 528 of 64 rows in 4 waves of 0.56 the time)
     short, wide = interpreted.plan_for(2049), interpreted.plan_for(2048)
@@ -526,10 +527,10 @@ def test_warp_specialized_dx_needs_a_gpu(interpreted) -> None:
 )
 def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, dims: Dims, changes: dict, message: str) -> None:
     """The Gluon kernel of dx with grad_w1/grad_w3 stands for the grad_w1/grad_w3 kernel too, reads all the tokens in
-    one block of 128 (or 192) rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU
+    one block of 128 (160, 192) rows of dd, which dh's tiles must have written, takes K steps of 64 and has no CPU
     interpreter: plans that ask otherwise fail clearly, before any launch."""
     dh = plan_types(interpreted).TritonDh(tile(interpreted, *changes.pop("dh", (128, 32, 16, 1, 1))))
-    with pytest.raises(ValueError, match="tokens in 128 or 192 rows, not 256"):
+    with pytest.raises(ValueError, match="tokens in 128, 160, 192 rows, not 256"):
         plan_types(interpreted).FusedDxGradW13(stages=2, split=2, block_m=256)
     fused = plan_types(interpreted).FusedDxGradW13(stages=2, split=2)
     with pytest.raises(ValueError, match="grad_w13 is None exactly where dx is FusedDxGradW13"):
@@ -615,7 +616,8 @@ def test_each_plan_compiles_once() -> None:
     buckets = (
         (Dims(512, 64), Dims(541, 64), Dims(256, 64)),
         (Dims(997, 128), Dims(1024, 128), Dims(700, 65)),
-        (Dims(1000, 129), Dims(4096, 192), Dims(800, 160)),  # dx with grad_w1/grad_w3 over 192 rows
+        (Dims(1000, 129), Dims(4096, 137), Dims(800, 160)),  # dx with grad_w1/grad_w3 over 160 rows
+        (Dims(4096, 161), Dims(4096, 192), Dims(800, 170)),  # over 192
         (Dims(4096, 256), Dims(1571, 196), Dims(1721, 215)),
         (Dims(2371, 296), Dims(2000, 257), Dims(800, 320)),  # the Gluon dh from here on, the Gluon dx up to 1024
         (Dims(2689, 336), Dims(1500, 321), Dims(1000, 384)),
@@ -849,8 +851,8 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
 def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) -> None:
     """The Gluon kernel of dx with grad_w1/grad_w3 gives the Triton weight gradient's bits (the same fp16 products,
     accumulated in the same order) and Triton's dx over the bf16 copy up to that copy's rounding, as the same bits on
-    every call, over 128 rows of tokens and over 192 (a tail block of 64 for a third warpgroup). T = 65 pads 63 rows,
-    T = 100 36, T = 129 63; F = 320 splits into one slice of 5 K steps per weight."""
+    every call, over 128 rows of tokens, over 160 and 192 (a tail block of 32 or 64 for a third warpgroup). T = 65 pads
+    63 rows, T = 100 36, T = 129 31, T = 150 10, T = 192 none; F = 320 splits into one slice of 5 K steps per weight."""
     module = solution_module()
     types, plan = plan_types(module), module.plan_for(dims.num_tokens)
     assert isinstance(plan.dx, types.FusedDxGradW13)

@@ -5,19 +5,20 @@ At small T the backward is bound by memory: reading w1 and w3 (dx) and writing t
 721-756 MB. Here every K step of a program reads one (BLOCK_K, BLOCK_N) block of a weight and writes the same block of
 its gradient, so the kernel moves its bytes as a copy does:
 
-- one loader warp loads this program's block of x16 (all BLOCK_M tokens by its BLOCK_N hidden columns, fp16) once,
-  then streams the K steps by TMA into a ring of STAGES stages: dd[:, k] (fp16, one (ROWS, 2F) descriptor, so K runs
-  over the 2F columns of [d_a | d_up]) and the matching block of w1 (k < F) or w3 (k - F). At BLOCK_M = 192 the
-  tokens past the first 128 come as a tail block of 64 rows of dd and of x16 each (TMA's blocks are powers of two);
-- BLOCK_M / 64 product warpgroups (two at BLOCK_M = 128, three at 192), each a partition of its own, read every stage.
-  Warpgroup i accumulates dx's tokens [64 i, 64 i + 64) over the program's K range: dd's rows loaded into registers
-  and rounded to bf16 (wgmma with A in registers, as dx_warp_specialized.py), against the weight block. The first two
-  also compute the gradient block's columns [64 i, 64 i + 64): dd block^T (fp16, read transposed from shared memory) @
-  x16's columns, K = the BLOCK_M tokens in one product (two with the tail), rounded to bf16 and stored by TMA through
-  the warpgroup's own staging buffer into grad_w1 or grad_w3. A third warpgroup takes dx's rows alone (the 128
-  gradient columns split in halves, not thirds): the warpgroups share the SM's tensor cores, so the work in all, not
-  its split, is what they wait for. Nothing joins the warpgroups, so while one rounds and stores, the others' wgmma
-  have the tensor cores.
+- one loader warp loads this program's block of x16 (all BLOCK_M tokens by its BLOCK_N hidden columns, fp16) once, then
+  streams the K steps by TMA into a ring of STAGES stages: dd[:, k] (fp16, one (ROWS, 2F) descriptor, so K runs over the
+  2F columns of [d_a | d_up]) and the matching block of w1 (k < F) or w3 (k - F). At BLOCK_M = 160 or 192 the tokens
+  past the first 128 come as a tail block of 32 or 64 rows of dd and of x16 each (TMA's blocks are powers of two);
+- two product warpgroups at BLOCK_M = 128, three with a tail, each a partition of its own, read every stage. Warpgroup i
+  accumulates dx's tokens [64 i, 64 i + 64) over the program's K range: dd's rows loaded into registers and rounded to
+  bf16 (wgmma with A in registers, as dx_warp_specialized.py), against the weight block. The first two also compute the
+  gradient block's columns [64 i, 64 i + 64): dd block^T (fp16, read transposed from shared memory) @ x16's columns, K =
+  the BLOCK_M tokens in one product (two with the tail, whose product over 32 rows is half the one over 64),
+  rounded to bf16 and stored by TMA through the warpgroup's own staging buffer into grad_w1 or grad_w3. A third
+  warpgroup takes dx's tail rows alone (the 128 gradient columns split in halves, not thirds): the warpgroups share the
+  SM's tensor cores, so the work in all, not its split, is what they wait for. Its wgmma takes 64 rows whatever the
+  tail's: those past the tail's rows in its stage buffer, which TMA never writes, give rows of dx past T, which are not
+  stored. Nothing joins the warpgroups, so while one rounds and stores, the others' wgmma have the tensor cores.
 
 Each step waits for its wgmma before the warpgroup reloads its A registers, so no wgmma in flight reads registers
 that a later load rewrites (the hazard dx_warp_specialized.py describes).
@@ -32,7 +33,7 @@ Precision: the weight gradients' operands are the fp16 dd and x16 (SPEC section 
 fp16 values and the bf16 weights, as dx_warp_specialized.py's; every product accumulates in fp32.
 
 Shared memory: STAGES x (BLOCK_M / 8 + 16) KB of operands, BLOCK_M / 4 KB of x16, 2 x 8 KB of staging: 176 KB at
-BLOCK_M = 128 with 4 stages, 184 KB at 192 with 3.
+BLOCK_M = 128 with 4 stages, 184 KB at 192 with 3 (176 at 160: the tail's stage buffers keep 64 rows).
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def _load_operands(dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, a_
                    x_ready, ready, empty, F, K_PER_SPLIT, TAIL: gl.constexpr):  # fmt: skip
     """Loader partition: x16's block once (`x_ready`), then the (dd, weight) blocks of this program's K steps into
     stage step % STAGES once every product warpgroup has released it (`empty`); `ready` counts their bytes in. With
-    TAIL, dd's and x16's rows [128, 192) come as blocks of their own."""
+    TAIL, dd's and x16's rows from 128 come as tail blocks of their own (into the first rows of a 64-row buffer)."""
     BLOCK_K: gl.constexpr = dd_desc.block_type.shape[1]
     HEAD_ROWS: gl.constexpr = dd_desc.block_type.shape[0]  # the tail's first row
+    TAIL_ROWS: gl.constexpr = tail_desc.block_type.shape[0]
     off_n = gl.program_id(0) * x_desc.block_type.shape[1]
     if TAIL:
         mbarrier.expect(x_ready, x_desc.block_type.nbytes + x_tail_desc.block_type.nbytes)
@@ -79,7 +81,7 @@ def _load_operands(dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, a_
         bar = ready.index(s)
         if TAIL:
             mbarrier.expect(bar, dd_desc.block_type.nbytes + tail_desc.block_type.nbytes + w1_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(tail_desc, [HEAD_ROWS, k], bar, tail_bufs.index(s))
+            tma.async_copy_global_to_shared(tail_desc, [HEAD_ROWS, k], bar, tail_bufs.index(s).slice(0, TAIL_ROWS, dim=0))
         else:
             mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(dd_desc, [0, k], bar, a_bufs.index(s))
@@ -120,7 +122,8 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
             grad = gl.zeros((BLOCK_K, WIDTH), dtype=gl.float32, layout=grad_layout)
             grad = warpgroup_mma(dd.permute((1, 0)), x_cols, grad, use_acc=False, is_async=True)
             if TAIL:
-                grad = warpgroup_mma(tail_bufs.index(s).permute((1, 0)), x_tail_cols, grad, is_async=True)
+                tail_rows = tail_bufs.index(s).slice(0, x_tail.shape[0], dim=0)
+                grad = warpgroup_mma(tail_rows.permute((1, 0)), x_tail_cols, grad, is_async=True)
             acc, grad, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, grad, a))
             release_stage(empty, step)
             k = k_first + step * BLOCK_K
@@ -151,17 +154,17 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
 def dx_grad_weight_ws_kernel(
     dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, g1_desc, g3_desc, partials,
     T, H, F, K_PER_SPLIT,
-    TAIL: gl.constexpr,  # whether tokens [128, 192) come as tail blocks (BLOCK_M = 192), read by a third warpgroup
+    TAIL: gl.constexpr,  # whether tokens from 128 come as tail blocks (BLOCK_M = 160, 192), read by a third warpgroup
     STAGES: gl.constexpr,  # shared-memory stages of (dd, weight) blocks: [BLOCK_M, BLOCK_K] and [BLOCK_K, BLOCK_N]
     PRODUCT_REGS: gl.constexpr,  # registers per thread of each product warpgroup after the first (worker partitions)
     num_warps: gl.constexpr,  # 4: the first product warpgroup (the default partition)
 ):  # fmt: skip
-    """partials[s] = bf16(dd[:, Ks]) @ [w1; w3][Ks] for the s-th slice Ks of K_PER_SPLIT of the 2F columns (axis 1 of
-    the grid), and [grad_w1; grad_w3][Ks] = dd[:, Ks]^T @ x16, over this program's BLOCK_N hidden columns (axis 0), for
-    T <= BLOCK_M = 128 (192 with TAIL). dd_desc is the fp16 (ROWS, 2F) dd in [128, BLOCK_K] blocks, x_desc the fp16 x16
-    in [128, BLOCK_N] blocks, tail_desc and x_tail_desc the same in blocks of 64 rows (with TAIL; else unused),
-    w1_desc and w3_desc the bf16 (F, H) weights in [BLOCK_K, BLOCK_N] blocks, g1_desc and g3_desc grad_w1 and grad_w3
-    in [BLOCK_K, BLOCK_N / 2] blocks (a product warpgroup's columns)."""
+    """partials[s] = bf16(dd[:, Ks]) @ [w1; w3][Ks] for the s-th slice Ks of K_PER_SPLIT of the 2F columns (axis 1 of the
+    grid), and [grad_w1; grad_w3][Ks] = dd[:, Ks]^T @ x16, over this program's BLOCK_N hidden columns (axis 0), for T <=
+    BLOCK_M = 128 (160 or 192 with TAIL). dd_desc is the fp16 (ROWS, 2F) dd in [128, BLOCK_K] blocks, x_desc the fp16
+    x16 in [128, BLOCK_N] blocks, tail_desc and x_tail_desc the same in blocks of 32 or 64 rows (with TAIL; else
+    unused), w1_desc and w3_desc the bf16 (F, H) weights in [BLOCK_K, BLOCK_N] blocks, g1_desc and g3_desc grad_w1 and
+    grad_w3 in [BLOCK_K, BLOCK_N / 2] blocks (a product warpgroup's columns)."""
     a_bufs, b_bufs, ready, empty = operand_ring(dd_desc, w1_desc, STAGES, RELEASES=3 if TAIL else 2)
     x_buf = gl.allocate_shared_memory(x_desc.dtype, x_desc.block_type.shape, x_desc.layout)
     x_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -169,7 +172,8 @@ def dx_grad_weight_ws_kernel(
     staging = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
     staging_second = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
     if TAIL:
-        tail_bufs = gl.allocate_shared_memory(tail_desc.dtype, [STAGES] + tail_desc.block_type.shape, tail_desc.layout)
+        # 64 rows for the third warpgroup's wgmma, of which TMA fills the tail's (see the module's docstring)
+        tail_bufs = gl.allocate_shared_memory(tail_desc.dtype, [STAGES, 64, tail_desc.block_type.shape[1]], tail_desc.layout)
         x_tail = gl.allocate_shared_memory(x_tail_desc.dtype, x_tail_desc.block_type.shape, x_tail_desc.layout)
         gl.warp_specialize(
             [

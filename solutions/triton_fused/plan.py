@@ -33,12 +33,13 @@ WS_SHORT_STEP = 32
 # Registers per thread of the Gluon weight gradient's second product warpgroup (Triton's compiler then gives the first
 # 248 and the loader warp 24: the 12 warps' share of an SM's 64K registers).
 WS_PRODUCT_REGS = 232
-FUSED_HEAD_ROWS = 128  # FusedDxGradW13: all the tokens in one block of rows (this many, then a tail of 64),
+FUSED_HEAD_ROWS = 128  # FusedDxGradW13: all the tokens in one block of rows (this many, then a tail of 32 or 64),
 FUSED_BLOCK_N = 128  # by this many hidden columns per program,
 FUSED_BLOCK_K = 64  # in K steps of this many of the 2F columns
 # Registers per thread of each product warpgroup after the first of FusedDxGradW13, by its block of tokens (block_m):
-# with three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first 168.
-FUSED_PRODUCT_REGS = {128: WS_PRODUCT_REGS, 192: 160}
+# with a tail, three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first
+# 168.
+FUSED_PRODUCT_REGS = {128: WS_PRODUCT_REGS, 160: 160, 192: 160}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,11 +147,11 @@ class FusedDxGradW13:
 
     stages: int
     split: int  # split of each weight's F
-    block_m: int = 128  # a key of FUSED_PRODUCT_REGS: 128 or 192
+    block_m: int = 128  # a key of FUSED_PRODUCT_REGS: 128, 160 or 192
 
     def __post_init__(self) -> None:
         if self.block_m not in FUSED_PRODUCT_REGS:
-            rows = " or ".join(map(str, FUSED_PRODUCT_REGS))
+            rows = ", ".join(map(str, FUSED_PRODUCT_REGS))
             raise ValueError(f"dx with grad_w1/grad_w3 takes its tokens in {rows} rows, not {self.block_m}")
 
 
@@ -308,9 +309,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
     )),
-    # The same over 192 token rows, a third product warpgroup taking the last 64 (3 stages: 4 exceed shared memory); dh
-    # in 128 x 256 tiles, two rows of them (three rows of 64 were slower).
-    (192, replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True), dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
+    # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
+    # memory; the gradient's product over the tail is as long as the tail); dh in 128 x 256 tiles, two rows of them
+    # (three rows of 64 were slower).
+    (160, _FUSED_TAIL_PLAN := replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True),
+                                      dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
+    (192, replace(_FUSED_TAIL_PLAN, dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     # dh's tiles in 16 warps, 128 registers a thread rather than 255 in 8, its epilogue in halves.
     (256, Plan(

@@ -474,7 +474,7 @@ def dx_grad_w13(p: Problem, w: FusedDxGradW13) -> None:
     i, o = p.inputs, p.outputs
     weights = [p.gluon_descriptor(i[name], [FUSED_BLOCK_K, FUSED_BLOCK_N]) for name in ("w1_weight", "w3_weight")]
     grads = [p.gluon_descriptor(o[name], [FUSED_BLOCK_K, FUSED_BLOCK_N // 2]) for name in ("grad_w1_weight", "grad_w3_weight")]
-    # tokens [0, 128) in one block, [128, 192) in a tail block of their own (TMA's blocks are powers of two)
+    # tokens [0, 128) in one block, [128, block_m) in a tail block of their own (TMA's blocks are powers of two)
     tail = w.block_m - FUSED_HEAD_ROWS
     block_rows = (FUSED_HEAD_ROWS, tail or FUSED_HEAD_ROWS)  # without a tail, its descriptors repeat the head's
     dd = [p.gluon_descriptor(p.dd, [rows, FUSED_BLOCK_K]) for rows in block_rows]
