@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
-import types
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -114,7 +114,7 @@ def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted) -
     over once it has made WARMUP_CALLS calls on that workload's own arguments."""
     plan_ab = plan_ab_tool()
     calls = []
-    module = types.SimpleNamespace(
+    module = SimpleNamespace(
         __package__=interpreted.__package__,
         plan_for=interpreted.plan_for,
         backward=lambda *arguments, plan: calls.append((arguments, plan)),
