@@ -665,7 +665,7 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dh writes what Triton's writes, up to the fp16 rounding of dh it hands over, on every row of d_a and d_up
     in both precisions: the padding rows past T as zeros (the weight gradients read them). Without the bf16 copy it
     writes the same dd, also where gate is below fp16's normal range or above its largest value (an fp16 multiply
-    would round gate there), and the same on fewer or more programs."""
+    would round gate there)."""
     module = solution_module()
     plan = module.plan_for(dims.num_tokens)
     inputs = generate_inputs(dims, 0, "cuda")
@@ -688,12 +688,6 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
         scale = float(want[1:].abs().max())  # not token 0's d_up at gate = 7e4, which would loosen every other value
         torch.testing.assert_close(got, want, rtol=rtol, atol=1e-4 * scale, msg=name)
     with_copy = p.dd.clone()
-    # Each program's last tile is stored by the product warps, the others by the epilogue warps: on another number of
-    # programs other tiles are last, and the bits must not change.
-    p.dd.fill_(float("nan"))
-    others = dataclasses.replace(plan.dh, after_gather=False, fewest_programs=not plan.dh.fewest_programs)
-    module.dh_swiglu_warp_specialized(p, others)
-    assert torch.equal(p.dd, with_copy), "dd written by the product warps differs from the epilogue warps'"
     alone = module.Problem(inputs, outputs, torch.float16, 1, 64, low_copy=False)
     alone.g.copy_(p.g)
     alone.dd.fill_(float("nan"))

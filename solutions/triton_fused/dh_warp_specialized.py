@@ -13,16 +13,10 @@ tensor cores idle (docs/performance.md). Here three groups of warps share each S
   three activation blocks of those columns loaded by TMA (ACT_BUFFERS pieces in flight), and store d_a and d_up in
   fp16, and in bf16 where the plan's dx reads that copy (LOW_COPY), with plain stores.
 
-So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the plans use
-this kernel from T = 257, with 128 x 128 tiles up to T = 1024 so that every program has several. The last tile's
-epilogue has no products to hide under, and two warps take several times as long over it as eight: the product warps run
-it themselves, through the same handoff buffer, with every activation load of a group of pieces in flight before the
-first store (plain loads: the epilogue partition's activation buffers may still hold the previous tile's), and the SM is
-free sooner.
-
-The register file bounds the layout: the 64 x 256 fp32 accumulator of each product warpgroup needs at least 154
-registers per thread, which ptxas grants only if the whole kernel has at most 12 warps (8 + 1 + 2, padded to whole
-warpgroups).
+So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
+plans use this kernel from T = 257, with 128 x 128 tiles up to T = 1024 so that every program has several. The register file bounds the layout: the 64 x 256 fp32 accumulator of each
+product warpgroup needs at least 154 registers per thread, which ptxas grants only if the whole kernel has at most
+12 warps (8 + 1 + 2, padded to whole warpgroups).
 
 Precision: as in Triton's kernel (SPEC section 4), with one more rounding: the routing weight multiplies the fp32
 accumulator, and the product is handed over rounded to fp16 (11 significant bits; the path to grad_w1/grad_w3
@@ -72,115 +66,44 @@ def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_
 
 
 @gluon.jit
-def _tile_to_handoff(g_bufs, w_bufs, ready, empty, handoff, dh_free, selected_weights, T, H, j, step,
-                     num_warps: gl.constexpr):  # fmt: skip
-    """The program's j-th tile: acc = g @ w2 over the K steps from ring step `step` (one wgmma in flight while the next
-    is issued), then w * acc in fp16 into the handoff buffer once the epilogue has emptied it; returns the next step."""
+def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F,
+              num_warps: gl.constexpr):  # fmt: skip
+    """Default partition: per tile, acc = g @ w2 over the K steps (one wgmma in flight while the next is issued),
+    then w * acc in fp16 into the handoff buffer once the epilogue has emptied it.
+
+    The K loop is nested inside the tile loop, with no branch in it: with the handoff inside one flat loop over
+    every step, ptxas made each step wait for all its wgmmas ("warpgroup.wait is injected")."""
     BLOCK_M: gl.constexpr = g_bufs.shape[1]
     BLOCK_K: gl.constexpr = g_bufs.shape[2]
     BLOCK_N: gl.constexpr = w_bufs.shape[2]
     PIECES: gl.constexpr = handoff.shape[0]
     mma_layout: gl.constexpr = wgmma_layout(BLOCK_N, num_warps)
-    # The tile's routing weights are loaded before its main loop, which hides their latency (loaded after it, they
-    # held up every tile's handoff).
-    tile = gl.program_id(0) + j * gl.num_programs(0)
-    rows = (tile % gl.cdiv(T, BLOCK_M)) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-    weights = gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
-    for kk in range(gl.cdiv(H, BLOCK_K)):
-        s = wait_stage_ready(ready, step)
-        acc = warpgroup_mma(g_bufs.index(s), w_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        if kk > 0:  # the previous step's wgmma is done with its stage
-            release_stage(empty, step - 1)
-        step += 1
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    release_stage(empty, step - 1)
-    dh = acc * weights[:, None]
-    mbarrier.wait(dh_free, (j & 1) ^ 1)
-    pieces = split_columns(dh, PIECES)
-    for i in gl.static_range(PIECES):
-        handoff.index(i).store(pieces[i].to(handoff.dtype))
-    return step
-
-
-@gluon.jit
-def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, w1_output, up_output,
-              gate_output, dd, dd_low, T, H, F, ROWS, LOW_COPY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """Default partition: every tile of the program into the handoff buffer, each but the last for the epilogue
-    partition; the last tile's epilogue these warps run themselves (see the module's docstring).
-
-    The K loop is nested inside the tile loop, with no branch in it: with the handoff inside one flat loop over
-    every step, ptxas made each step wait for all its wgmmas ("warpgroup.wait is injected")."""
-    BLOCK_M: gl.constexpr = g_bufs.shape[1]
-    BLOCK_N: gl.constexpr = w_bufs.shape[2]
+    num_m = gl.cdiv(T, BLOCK_M)
+    k_steps = gl.cdiv(H, BLOCK_K)
     my_tiles = program_tile_count(T, F, BLOCK_M, BLOCK_N)
     step = 0
-    for j in range(my_tiles - 1):
-        step = _tile_to_handoff(g_bufs, w_bufs, ready, empty, handoff, dh_free, selected_weights, T, H, j, step,
-                                num_warps)  # fmt: skip
+    for j in range(my_tiles):
+        # The tile's routing weights are loaded before its main loop, which hides their latency (loaded after it,
+        # they held up every tile's handoff).
+        tile = gl.program_id(0) + j * gl.num_programs(0)
+        rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        weights = gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+        for kk in range(k_steps):
+            s = wait_stage_ready(ready, step)
+            acc = warpgroup_mma(g_bufs.index(s), w_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            if kk > 0:  # the previous step's wgmma is done with its stage
+                release_stage(empty, step - 1)
+            step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        release_stage(empty, step - 1)
+        dh = acc * weights[:, None]
+        mbarrier.wait(dh_free, (j & 1) ^ 1)
+        pieces = split_columns(dh, PIECES)
+        for i in gl.static_range(PIECES):
+            handoff.index(i).store(pieces[i].to(handoff.dtype))
         mbarrier.arrive(dh_ready, count=1)
-    _tile_to_handoff(g_bufs, w_bufs, ready, empty, handoff, dh_free, selected_weights, T, H, my_tiles - 1, step,
-                     num_warps)  # fmt: skip
-    gl.thread_barrier()  # every warp's piece of dh is in the handoff buffer before any warp reads another's
-    tile = gl.program_id(0) + (my_tiles - 1) * gl.num_programs(0)
-    num_m = gl.cdiv(T, BLOCK_M)
-    _last_tile_epilogue(handoff, w1_output, up_output, gate_output, dd, dd_low, (tile % num_m) * BLOCK_M,
-                        (tile // num_m) * BLOCK_N, T, F, ROWS, LOW_COPY, num_warps)  # fmt: skip
-
-
-@gluon.jit
-def _last_tile_epilogue(handoff, w1_output, up_output, gate_output, dd, dd_low, off_m, off_n, T, F, ROWS,
-                        LOW_COPY: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-    """The SwiGLU backward of the tile at (off_m, off_n) whose dh is in the handoff buffer, by the product warps: the
-    activations of GROUP pieces loaded by plain loads, all in flight at once, then those pieces' d_a and d_up stored
-    by `_store_dd`, as the epilogue partition stores them."""
-    PIECES: gl.constexpr = handoff.shape[0]
-    BLOCK_M: gl.constexpr = handoff.shape[1]
-    WIDTH: gl.constexpr = handoff.shape[2]
-    # Pieces whose activations are in registers at once: 8 spill the product warps' 160 registers. (No builtin min
-    # in a Gluon function.)
-    GROUP: gl.constexpr = 4 if PIECES > 4 else PIECES  # noqa: FURB136
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (WIDTH // 8), WIDTH // 8], [num_warps, 1], [1, 0])
-    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    for group in gl.static_range(PIECES // GROUP):
-        activations = ()
-        for i in gl.static_range(GROUP):
-            cols = off_n + (group * GROUP + i) * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-            offsets = rows[:, None] * F + cols[None, :]
-            mask = (rows < T)[:, None] & (cols < F)[None, :]
-            for tensor in gl.static_range(3):
-                source = (w1_output, up_output, gate_output)[tensor]
-                activations += (gl.load(source + offsets, mask=mask, other=0.0),)
-        for i in gl.static_range(GROUP):
-            piece = group * GROUP + i
-            dh = handoff.index(piece).load(layout).to(gl.float32)
-            a = activations[3 * i].to(gl.float32)
-            up = activations[3 * i + 1].to(gl.float32)
-            gate = activations[3 * i + 2].to(gl.float32)
-            cols = off_n + piece * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-            _store_dd(dh, a, up, gate, rows, cols, dd, dd_low, F, ROWS, LOW_COPY)
-
-
-@gluon.jit
-def _store_dd(dh, a, up, gate, rows, cols, dd, dd_low, F, ROWS, LOW_COPY: gl.constexpr):
-    """d_a = dh * up * silu'(a) (from w1_output) and d_up = dh * gate in fp32, stored at (rows, cols) of dd = [d_a |
-    d_up] (fp16) and, with LOW_COPY, of dd_low (bf16), (ROWS, 2F) row-major; rows from ROWS and columns from F are not
-    stored."""
-    s = 1.0 / (1.0 + gl.exp(-a))
-    grad_a = dh * up * s * (1.0 + a * (1.0 - s))
-    # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
-    # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first: wrong in
-    # the last place where |gate| is below fp16's normal range, inf above 65504.
-    grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
-                                        pack=1)  # fmt: skip
-    mask = (rows < ROWS)[:, None] & (cols < F)[None, :]
-    out = rows[:, None] * (2 * F) + cols[None, :]
-    gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
-    gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
-    if LOW_COPY:
-        gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
-        gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -205,16 +128,17 @@ def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, ac
 @gluon.jit
 def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready,
                      dd, dd_low, T, F, ROWS, LOW_COPY: gl.constexpr):  # fmt: skip
-    """Epilogue partition: d_a and d_up (`_store_dd`) of every tile of the program but the last, ACT_WIDTH columns at
-    a time. Every row of a tile is stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA
-    zero-fills the activations past row T), because the weight gradients read them."""
+    """Epilogue partition: d_a = dh * up * silu'(a) (from w1_output) and d_up = dh * gate in fp32, ACT_WIDTH columns
+    at a time, stored into dd = [d_a | d_up] (fp16) and, with LOW_COPY, dd_low (bf16), (ROWS, 2F) row-major. Every
+    row of a tile is stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA zero-fills
+    the activations past row T), because the weight gradients read them."""
     PIECES: gl.constexpr = handoff.shape[0]
     BLOCK_M: gl.constexpr = handoff.shape[1]
     WIDTH: gl.constexpr = handoff.shape[2]
     BUFFERS: gl.constexpr = a_bufs.shape[0]
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (WIDTH // 8), WIDTH // 8], [gl.num_warps(), 1], [1, 0])
     num_m = gl.cdiv(T, BLOCK_M)
-    total = (program_tile_count(T, F, BLOCK_M, WIDTH * PIECES) - 1) * PIECES
+    total = program_tile_count(T, F, BLOCK_M, WIDTH * PIECES) * PIECES
     for first in gl.static_range(BUFFERS - 1):
         _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, total, num_m, PIECES)
     for j in range(total):
@@ -232,15 +156,28 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
         a = a_bufs.index(b).load(layout).to(gl.float32)
         up = up_bufs.index(b).load(layout).to(gl.float32)
         gate = gate_bufs.index(b).load(layout).to(gl.float32)
+        s = 1.0 / (1.0 + gl.exp(-a))
+        grad_a = dh * up * s * (1.0 + a * (1.0 - s))
+        # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
+        # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:
+        # wrong in the last place where |gate| is below fp16's normal range, inf above 65504.
+        grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
+                                            pack=1)  # fmt: skip
         tile = gl.program_id(0) + (j // PIECES) * gl.num_programs(0)
         rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
         cols = (tile // num_m) * (WIDTH * PIECES) + piece * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        _store_dd(dh, a, up, gate, rows, cols, dd, dd_low, F, ROWS, LOW_COPY)
+        mask = (rows < ROWS)[:, None] & (cols < F)[None, :]
+        out = rows[:, None] * (2 * F) + cols[None, :]
+        gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
+        gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
+        if LOW_COPY:
+            gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
+            gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
 
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
 def dh_swiglu_ws_kernel(
-    g_desc, w2_desc, a_desc, up_desc, gate_desc, w1_output, up_output, gate_output, dd, dd_low, selected_weights,
+    g_desc, w2_desc, a_desc, up_desc, gate_desc, dd, dd_low, selected_weights,
     T, H, F, ROWS,
     STAGES: gl.constexpr,  # shared-memory stages of (g, w2) blocks: [128, BLOCK_K] and [BLOCK_K, BLOCK_N] (descriptors)
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
@@ -274,8 +211,7 @@ def dh_swiglu_ws_kernel(
     mbarrier.init(dh_free, count=1)
     gl.warp_specialize(
         [
-            (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, w1_output, up_output,
-                         gate_output, dd, dd_low, T, H, F, ROWS, LOW_COPY, num_warps)),
+            (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
             (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_FOR_GATHER)),
             (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
                                 act_ready, dd, dd_low, T, F, ROWS, LOW_COPY)),

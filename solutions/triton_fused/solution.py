@@ -345,8 +345,7 @@ def dh_swiglu_warp_specialized(p: Problem, w: GluonDh) -> None:
         programs = triton.cdiv(tiles, triton.cdiv(tiles, programs))
     p.launch(dh_swiglu_ws_kernel, (programs,),
         p.gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), p.gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
-        *activations, i["w1_output"], i["up_output"], i["gate_output"], p.dd, p.dd_low, i["selected_weights"], p.tokens,
-        p.hidden, p.ffn, p.rows,
+        *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
         STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=w.after_gather, LOW_COPY=p.low_copy, num_warps=8,
         launch_pdl=w.after_gather,
     )  # fmt: skip
