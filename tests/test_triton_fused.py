@@ -696,6 +696,27 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dims", [Dims(512, 64), Dims(2689, 336), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
+@pytest.mark.parametrize("plan_tokens", [336, 2048], ids=["128-column tiles", "256-column tiles"])
+def test_last_tile_through_the_ring_gives_the_same_bits(dims: Dims, plan_tokens: int) -> None:
+    """The Gluon dh's last tile with its activations loaded through the operand ring (GluonDh.last_tile_in_ring)
+    writes the bits the activation buffers give, in both tile widths, with one tile per program (T = 64) or several."""
+    module = solution_module()
+    p = module.Problem(generate_inputs(dims, 0, "cuda"), cuda_outputs(dims), torch.float16, 1, 64)
+    module.gather(p)
+    written = []
+    for in_ring in (False, True):
+        p.dd.fill_(float("nan"))
+        p.dd_low.fill_(float("nan"))
+        dh = dataclasses.replace(module.plan_for(plan_tokens).dh, after_gather=False, last_tile_in_ring=in_ring)
+        module.dh_swiglu_warp_specialized(p, dh)
+        written.append((p.dd.clone(), p.dd_low.clone()))
+    assert not written[0][0].isnan().any() and not written[0][1].isnan().any(), "rows or columns left unwritten"
+    assert torch.equal(written[1][0], written[0][0]), "dd"
+    assert torch.equal(written[1][1], written[0][1]), "dd_low"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(1721, 215), Dims(2048, 256), Dims(2689, 336)], ids=lambda d: f"T{d.num_tokens}")
 def test_stream_layouts_give_the_same_bits(dims: Dims) -> None:
     """The streams only reorder work: placements of dx's halves, scatter and grad_w1/grad_w3 on the two streams, the

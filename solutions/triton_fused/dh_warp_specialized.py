@@ -11,7 +11,8 @@ tensor cores idle (docs/performance.md). Here three groups of warps share each S
   hands it over in fp16 through shared memory, then starts on its next tile at once;
 - two epilogue warps take the previous tile's dh from the handoff buffer, ACT_WIDTH columns at a time, with the
   three activation blocks of those columns loaded by TMA (ACT_BUFFERS pieces in flight), and store d_a and d_up in
-  fp16, and in bf16 where the plan's dx reads that copy (LOW_COPY), with plain stores.
+  fp16, and in bf16 where the plan's dx reads that copy (LOW_COPY), with plain stores; with LAST_TILE_IN_RING the
+  last tile's activations, whose epilogue runs under no products, come through the operand ring, free by then.
 
 So a tile's epilogue runs under the next tile's products, and a program needs several tiles for it to pay: the
 plans use this kernel from T = 257, with 128 x 128 tiles up to T = 1024 so that every program has several. The register file bounds the layout: the 64 x 256 fp32 accumulator of each
@@ -107,31 +108,48 @@ def _products(g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected
 
 
 @gluon.jit
-def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, piece, total, num_m,
-                      PIECES: gl.constexpr):  # fmt: skip
-    """The three activation blocks of this program's piece-th piece into buffer piece % ACT_BUFFERS (none past the
-    last piece)."""
+def _load_piece(a_desc, up_desc, gate_desc, a_buf, up_buf, gate_buf, bar, piece, live, num_m, PIECES: gl.constexpr):
+    """The three activation blocks of this program's piece-th piece into (a_buf, up_buf, gate_buf), their bytes counted
+    in by `bar`; nothing where not `live`."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     WIDTH: gl.constexpr = a_desc.block_type.shape[1]
     tile = gl.program_id(0) + (piece // PIECES) * gl.num_programs(0)
     off_m = (tile % num_m) * BLOCK_M
     off_n = (tile // num_m) * (WIDTH * PIECES) + (piece % PIECES) * WIDTH
-    b = piece % a_bufs.shape[0]
-    bar = act_ready.index(b)
-    live = piece < total
     mbarrier.expect(bar, 3 * a_desc.block_type.nbytes, pred=live)
-    tma.async_copy_global_to_shared(a_desc, [off_m, off_n], bar, a_bufs.index(b), pred=live)
-    tma.async_copy_global_to_shared(up_desc, [off_m, off_n], bar, up_bufs.index(b), pred=live)
-    tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], bar, gate_bufs.index(b), pred=live)
+    tma.async_copy_global_to_shared(a_desc, [off_m, off_n], bar, a_buf, pred=live)
+    tma.async_copy_global_to_shared(up_desc, [off_m, off_n], bar, up_buf, pred=live)
+    tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], bar, gate_buf, pred=live)
+
+
+@gluon.jit
+def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, piece, total, num_m,
+                      PIECES: gl.constexpr):  # fmt: skip
+    """The activation blocks of the piece-th piece into buffer piece % ACT_BUFFERS (none from piece `total` on)."""
+    b = piece % a_bufs.shape[0]
+    _load_piece(a_desc, up_desc, gate_desc, a_bufs.index(b), up_bufs.index(b), gate_bufs.index(b), act_ready.index(b),
+                piece, piece < total, num_m, PIECES)  # fmt: skip
+
+
+@gluon.jit
+def _load_into_ring(a_desc, up_desc, gate_desc, slots, ring_ready, piece, live, num_m, PIECES: gl.constexpr):
+    """The last tile's piece-th piece (of this program's pieces) into ring slot piece % SLOTS: blocks 3 x slot to
+    3 x slot + 2 of the operand ring's B stages, seen as activation blocks (see _last_tile_through_ring)."""
+    SLOTS: gl.constexpr = slots.shape[0] // 3
+    s = (piece % PIECES) % SLOTS
+    _load_piece(a_desc, up_desc, gate_desc, slots.index(3 * s), slots.index(3 * s + 1), slots.index(3 * s + 2),
+                ring_ready.index(s), piece, live, num_m, PIECES)  # fmt: skip
 
 
 @gluon.jit
 def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready,
-                     dd, dd_low, T, F, ROWS, LOW_COPY: gl.constexpr):  # fmt: skip
+                     w_bufs, ring_ready, dd, dd_low, T, F, ROWS, LOW_COPY: gl.constexpr,
+                     LAST_TILE_IN_RING: gl.constexpr):  # fmt: skip
     """Epilogue partition: d_a = dh * up * silu'(a) (from w1_output) and d_up = dh * gate in fp32, ACT_WIDTH columns
     at a time, stored into dd = [d_a | d_up] (fp16) and, with LOW_COPY, dd_low (bf16), (ROWS, 2F) row-major. Every
     row of a tile is stored, the padding rows from T to ROWS as zeros (g's padding rows are zero, and TMA zero-fills
-    the activations past row T), because the weight gradients read them."""
+    the activations past row T), because the weight gradients read them. With LAST_TILE_IN_RING the last tile's
+    activations come through the operand ring (_last_tile_through_ring)."""
     PIECES: gl.constexpr = handoff.shape[0]
     BLOCK_M: gl.constexpr = handoff.shape[1]
     WIDTH: gl.constexpr = handoff.shape[2]
@@ -139,11 +157,13 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (WIDTH // 8), WIDTH // 8], [gl.num_warps(), 1], [1, 0])
     num_m = gl.cdiv(T, BLOCK_M)
     total = program_tile_count(T, F, BLOCK_M, WIDTH * PIECES) * PIECES
+    buffered = total - PIECES if LAST_TILE_IN_RING else total  # the pieces whose activations use a_bufs and the rest
     for first in gl.static_range(BUFFERS - 1):
-        _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, total, num_m, PIECES)
-    for j in range(total):
+        _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, buffered, num_m,
+                          PIECES)  # fmt: skip
+    for j in range(buffered):
         gl.thread_barrier()  # both warps are done with the buffer of piece j - 1, which piece j + BUFFERS - 1 takes
-        _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, j + BUFFERS - 1, total,
+        _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, j + BUFFERS - 1, buffered,
                           num_m, PIECES)  # fmt: skip
         b = j % BUFFERS
         piece = j % PIECES
@@ -153,26 +173,70 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
         if piece == PIECES - 1:
             mbarrier.arrive(dh_free, count=1)
         mbarrier.wait(act_ready.index(b), (j // BUFFERS) & 1)
-        a = a_bufs.index(b).load(layout).to(gl.float32)
-        up = up_bufs.index(b).load(layout).to(gl.float32)
-        gate = gate_bufs.index(b).load(layout).to(gl.float32)
-        s = 1.0 / (1.0 + gl.exp(-a))
-        grad_a = dh * up * s * (1.0 + a * (1.0 - s))
-        # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
-        # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:
-        # wrong in the last place where |gate| is below fp16's normal range, inf above 65504.
-        grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
-                                            pack=1)  # fmt: skip
-        tile = gl.program_id(0) + (j // PIECES) * gl.num_programs(0)
-        rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-        cols = (tile // num_m) * (WIDTH * PIECES) + piece * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        mask = (rows < ROWS)[:, None] & (cols < F)[None, :]
-        out = rows[:, None] * (2 * F) + cols[None, :]
-        gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
-        gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
-        if LOW_COPY:
-            gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
-            gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
+        _store_piece(dh, a_bufs.index(b), up_bufs.index(b), gate_bufs.index(b), dd, dd_low, j, num_m, F, ROWS, layout,
+                     PIECES, LOW_COPY)  # fmt: skip
+    if LAST_TILE_IN_RING:
+        _last_tile_through_ring(handoff, dh_ready, a_desc, up_desc, gate_desc, w_bufs, ring_ready, dd, dd_low, total,
+                                num_m, F, ROWS, layout, LOW_COPY)  # fmt: skip
+
+
+@gluon.jit
+def _last_tile_through_ring(handoff, dh_ready, a_desc, up_desc, gate_desc, w_bufs, ring_ready, dd, dd_low, total,
+                            num_m, F, ROWS, layout: gl.constexpr, LOW_COPY: gl.constexpr):  # fmt: skip
+    """The epilogue of this program's last tile, whose activations come through the operand ring's w2 stages.
+
+    Every other tile's epilogue runs under the next tile's products, but the last one's runs under none, and where
+    the kernel's shared memory leaves room for one activation buffer (128 x 256 tiles) it waits on every piece's
+    loads in turn. Once the products have handed that tile over, the loader and the products are done with the ring:
+    its w2 stages, seen as SLOTS sets of three activation blocks, take the tile's first SLOTS pieces at once and each
+    later piece as soon as the piece SLOTS before it is read."""
+    PIECES: gl.constexpr = handoff.shape[0]
+    BLOCK_M: gl.constexpr = handoff.shape[1]
+    WIDTH: gl.constexpr = handoff.shape[2]
+    SLOTS: gl.constexpr = ring_ready.shape[0]
+    first = total - PIECES
+    mbarrier.wait(dh_ready, (first // PIECES) & 1)
+    slots = w_bufs._reinterpret(a_desc.dtype, [3 * SLOTS, BLOCK_M, WIDTH], a_desc.layout)
+    for i in gl.static_range(SLOTS):
+        _load_into_ring(a_desc, up_desc, gate_desc, slots, ring_ready, first + i, i < PIECES, num_m, PIECES)
+    for i in range(PIECES):
+        gl.thread_barrier()  # both warps are done with the slot of piece i - 1, which piece i - 1 + SLOTS takes
+        _load_into_ring(a_desc, up_desc, gate_desc, slots, ring_ready, first + i - 1 + SLOTS,
+                        (i > 0) & (i - 1 + SLOTS < PIECES), num_m, PIECES)  # fmt: skip
+        s = i % SLOTS
+        dh = handoff.index(i).load(layout).to(gl.float32)
+        mbarrier.wait(ring_ready.index(s), (i // SLOTS) & 1)
+        _store_piece(dh, slots.index(3 * s), slots.index(3 * s + 1), slots.index(3 * s + 2), dd, dd_low, first + i,
+                     num_m, F, ROWS, layout, PIECES, LOW_COPY)  # fmt: skip
+
+
+@gluon.jit
+def _store_piece(dh, a_buf, up_buf, gate_buf, dd, dd_low, piece, num_m, F, ROWS, layout: gl.constexpr,
+                 PIECES: gl.constexpr, LOW_COPY: gl.constexpr):  # fmt: skip
+    """The SwiGLU backward of this program's piece-th piece from its dh (fp32, in `layout`) and activation blocks in
+    shared memory, stored into dd and, with LOW_COPY, dd_low."""
+    BLOCK_M: gl.constexpr = a_buf.shape[0]
+    WIDTH: gl.constexpr = a_buf.shape[1]
+    a = a_buf.load(layout).to(gl.float32)
+    up = up_buf.load(layout).to(gl.float32)
+    gate = gate_buf.load(layout).to(gl.float32)
+    s = 1.0 / (1.0 + gl.exp(-a))
+    grad_a = dh * up * s * (1.0 + a * (1.0 - s))
+    # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
+    # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:
+    # wrong in the last place where |gate| is below fp16's normal range, inf above 65504.
+    grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
+                                        pack=1)  # fmt: skip
+    tile = gl.program_id(0) + (piece // PIECES) * gl.num_programs(0)
+    rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = (tile // num_m) * (WIDTH * PIECES) + (piece % PIECES) * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    mask = (rows < ROWS)[:, None] & (cols < F)[None, :]
+    out = rows[:, None] * (2 * F) + cols[None, :]
+    gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
+    gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
+    if LOW_COPY:
+        gl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=mask)
+        gl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=mask)
 
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
@@ -183,6 +247,7 @@ def dh_swiglu_ws_kernel(
     ACT_BUFFERS: gl.constexpr,  # activation pieces in flight, each three [128, ACT_WIDTH] blocks (descriptors)
     WAIT_FOR_GATHER: gl.constexpr,  # launched as a programmatic dependent of the gather (see _load_operands)
     LOW_COPY: gl.constexpr,  # also store dd_low: Triton's dx reads it, the Gluon dx converts dd itself
+    LAST_TILE_IN_RING: gl.constexpr,  # the last tile's activations through the operand ring (_last_tile_through_ring)
     num_warps: gl.constexpr,  # 8: the product warps
 ):  # fmt: skip
     """dd = [d_a | d_up] (and with LOW_COPY its bf16 copy dd_low) from dh = diag(w) (g @ w2), persistent programs (one
@@ -205,6 +270,11 @@ def dh_swiglu_ws_kernel(
     act_ready = gl.allocate_shared_memory(gl.int64, [ACT_BUFFERS, 1], mbarrier.MBarrierLayout())
     dh_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     dh_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # As many slots of three activation blocks as the w2 stages hold, for the last tile's epilogue
+    SLOTS: gl.constexpr = STAGES * w2_desc.block_type.nbytes // (3 * a_desc.block_type.nbytes)
+    ring_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(SLOTS):
+        mbarrier.init(ring_ready.index(i), count=1)
     for i in gl.static_range(ACT_BUFFERS):
         mbarrier.init(act_ready.index(i), count=1)
     mbarrier.init(dh_ready, count=1)
@@ -214,7 +284,7 @@ def dh_swiglu_ws_kernel(
             (_products, (g_bufs, w_bufs, ready, empty, handoff, dh_ready, dh_free, selected_weights, T, H, F, num_warps)),
             (_load_operands, (g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_FOR_GATHER)),
             (_swiglu_epilogue, (handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs,
-                                act_ready, dd, dd_low, T, F, ROWS, LOW_COPY)),
+                                act_ready, w_bufs, ring_ready, dd, dd_low, T, F, ROWS, LOW_COPY, LAST_TILE_IN_RING)),
         ],
         [1, 2],  # loader warp, epilogue warps
         [24, 184],  # their registers: the loader needs few, the epilogue's fp32 pieces many

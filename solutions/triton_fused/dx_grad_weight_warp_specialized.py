@@ -57,6 +57,8 @@ from .gluon_common import (
     wgmma_layout,
 )
 
+WGMMA_ROWS = gl.constexpr(64)  # a warpgroup's wgmma rows: dx's tokens per product warpgroup
+
 
 @gluon.jit
 def _load_operands(dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, a_bufs, tail_bufs, b_bufs, x_buf, x_tail,
@@ -94,7 +96,7 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
     """Product warpgroup WARPGROUP: dx's tokens [64 WARPGROUP, +64) over the K steps (the tail block's for the third),
     stored into the program's partial at the end, and, for the first BLOCK_N / WIDTH warpgroups, at every step the
     gradient block's columns [WIDTH WARPGROUP, +WIDTH) over all the tokens, stored by TMA."""
-    ROWS: gl.constexpr = 64  # a warpgroup's wgmma rows
+    ROWS: gl.constexpr = WGMMA_ROWS
     HEAD_ROWS: gl.constexpr = a_bufs.shape[1]  # the head block's tokens
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.shape[2]
@@ -172,8 +174,9 @@ def dx_grad_weight_ws_kernel(
     staging = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
     staging_second = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
     if TAIL:
-        # 64 rows for the third warpgroup's wgmma, of which TMA fills the tail's (see the module's docstring)
-        tail_bufs = gl.allocate_shared_memory(tail_desc.dtype, [STAGES, 64, tail_desc.block_type.shape[1]], tail_desc.layout)
+        # a wgmma's rows for the third warpgroup, of which TMA fills the tail's (see the module's docstring)
+        tail_bufs = gl.allocate_shared_memory(tail_desc.dtype, [STAGES, WGMMA_ROWS, tail_desc.block_type.shape[1]],
+                                              tail_desc.layout)  # fmt: skip
         x_tail = gl.allocate_shared_memory(x_tail_desc.dtype, x_tail_desc.block_type.shape, x_tail_desc.layout)
         gl.warp_specialize(
             [

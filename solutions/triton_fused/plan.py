@@ -82,6 +82,9 @@ class GluonDh:
     # Launched as a programmatic dependent of the gather right before it: its programs hold their SMs before grad_w2,
     # released on the side stream by the gather's end, can take them; its loader waits for the gather before reading g.
     after_gather: bool = False
+    # The last tile's activations loaded through the operand ring, free by then: its epilogue, under no products,
+    # has as many pieces in flight as the ring's w2 stages hold (8 with 3 stages of 256 columns), not act_buffers.
+    last_tile_in_ring: bool = False
 
 
 Dh = TritonDh | GluonDh
@@ -348,10 +351,12 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=_GLUON_DX_INTO_ROWS,
         schedule=Schedule(x16_at="after_dh", zeros_at="after_dx", grad_w13_on_side=True, dh_behind_gather=True),
     )),
-    # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, x16 on the SMs it leaves free; dx's tiles
-    # of 128 rows or, where they pay (short_dx_tiles_pay), of 64.
+    # Compute-bound: the Gluon dh in 128 x 256 tiles on the fewest programs, its last tile's activations through the
+    # operand ring (one activation buffer fits beside the ring), x16 on the SMs it leaves free; dx's tiles of 128 rows
+    # or, where they pay (short_dx_tiles_pay), of 64.
     (1 << 30, _LARGE_T_PLAN := Plan(
-        dh=GluonDh(block_k=64, stages=3, act_width=16, act_buffers=1, fewest_programs=True, after_gather=True),
+        dh=GluonDh(block_k=64, stages=3, act_width=16, act_buffers=1, fewest_programs=True, after_gather=True,
+                   last_tile_in_ring=True),
         grad_w2=GluonWeightGrad(by_column=True, dynamic=True),
         grad_w13=GluonWeightGrad(),
         dx=TritonDx(tile=_DX_WIDE, split=1, to_rows=True),

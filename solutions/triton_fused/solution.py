@@ -346,8 +346,8 @@ def dh_swiglu_warp_specialized(p: Problem, w: GluonDh) -> None:
     p.launch(dh_swiglu_ws_kernel, (programs,),
         p.gluon_descriptor(p.g, [WS_BLOCK_M, w.block_k]), p.gluon_descriptor(i["w2_weight"], [w.block_k, w.block_n]),
         *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
-        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=w.after_gather, LOW_COPY=p.low_copy, num_warps=8,
-        launch_pdl=w.after_gather,
+        STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=w.after_gather, LOW_COPY=p.low_copy,
+        LAST_TILE_IN_RING=w.last_tile_in_ring, num_warps=8, launch_pdl=w.after_gather,
     )  # fmt: skip
 
 
