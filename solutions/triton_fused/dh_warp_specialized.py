@@ -157,7 +157,7 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (WIDTH // 8), WIDTH // 8], [gl.num_warps(), 1], [1, 0])
     num_m = gl.cdiv(T, BLOCK_M)
     total = program_tile_count(T, F, BLOCK_M, WIDTH * PIECES) * PIECES
-    buffered = total - PIECES if LAST_TILE_IN_RING else total  # the pieces whose activations use a_bufs and the rest
+    buffered = total - PIECES if LAST_TILE_IN_RING else total  # pieces whose activations come through a_bufs
     for first in gl.static_range(BUFFERS - 1):
         _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, buffered, num_m,
                           PIECES)  # fmt: skip
