@@ -79,6 +79,14 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
 
 
+def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
+    """tools/plan_ab.py's summary: the plan's mean and rounds, and each variant's also minus the plan's, round by round."""
+    lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]})
+    assert lines[0].startswith("#15 T=296 plan") and "mean    372.0 us  (370.0, 374.0)" in lines[0]
+    assert "minus plan" not in lines[0]
+    assert lines[1].endswith("mean    375.8 us  (376.5, 375.0)  minus plan +3.8 (+6.5, +1.0)")
+
+
 def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
     """A variant's expression reads T and B, so that one variant can span buckets; a faulty one names itself."""
     plan_ab = plan_ab_tool()

@@ -15,8 +15,9 @@ largest difference relative to the largest magnitude, per output; a placement of
 plan is timed REPS times, in alternating order, by the harness's CUDA-event timer (L2 flushed before each call, a
 GPU spin ahead of each batch, so the host's launch time stays outside the events), or with --latency by its call-latency
 timer (the device idle at each call's start, every call's tensors copied to addresses of their own, as `harness bench`
-times the headline). Each invocation appends a provenance header and then its rows to --out (JSON lines), so several
-invocations can share one file.
+times the headline); the printout gives each variant's difference from the plan round by round (`summary`). Each
+invocation appends a provenance header and then its rows to --out (JSON lines), so several invocations can share one
+file.
 """
 
 from __future__ import annotations
@@ -151,6 +152,19 @@ def warmed_variants(
             yield index, workload, arguments, name, plan
 
 
+def summary(index: int, tokens: int, times: dict[str, list[float]]) -> list[str]:
+    """One workload's printed timings: each plan's mean and rounds, and each variant's difference from the bucket's plan
+    round by round (a round times every plan once, back to back, so its pair shares the machine's moment)."""
+    lines = []
+    for name, values in times.items():
+        line = f"#{index} T={tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})"
+        if name != "plan":
+            deltas = [value - base for value, base in zip(values, times["plan"])]
+            line += f"  minus plan {statistics.fmean(deltas):+.1f} ({', '.join(f'{d:+.1f}' for d in deltas)})"
+        lines.append(line)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_shared_arguments(parser, "plan_ab.jsonl")
@@ -194,10 +208,7 @@ def main() -> None:
                         "us": us,
                     }
                     handle.write(json.dumps(row) + "\n")
-        for name, values in times.items():
-            print(
-                f"#{index} T={dims.num_tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})"
-            )
+        print("\n".join(summary(index, dims.num_tokens, times)))
         del outputs, got, expected  # with workload_arguments' own list, every reference to this workload's tensors
 
 
