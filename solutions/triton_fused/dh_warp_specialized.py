@@ -132,13 +132,10 @@ def _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, ac
 
 
 @gluon.jit
-def _load_into_ring(a_desc, up_desc, gate_desc, slots, ring_ready, piece, live, num_m, PIECES: gl.constexpr):
-    """The last tile's piece-th piece (of this program's pieces) into ring slot piece % SLOTS: blocks 3 x slot to
-    3 x slot + 2 of the operand ring's B stages, seen as activation blocks (see _last_tile_through_ring)."""
-    SLOTS: gl.constexpr = slots.shape[0] // 3
-    s = (piece % PIECES) % SLOTS
-    _load_piece(a_desc, up_desc, gate_desc, slots.index(3 * s), slots.index(3 * s + 1), slots.index(3 * s + 2),
-                ring_ready.index(s), piece, live, num_m, PIECES)  # fmt: skip
+def _slot(slots, s):
+    """Ring slot s's three activation blocks (a, up, gate): blocks 3 x s to 3 x s + 2 of the operand ring's B stages,
+    seen as activation blocks (see _last_tile_through_ring)."""
+    return slots.index(3 * s), slots.index(3 * s + 1), slots.index(3 * s + 2)
 
 
 @gluon.jit
@@ -197,17 +194,18 @@ def _last_tile_through_ring(handoff, dh_ready, a_desc, up_desc, gate_desc, w_buf
     first = total - PIECES
     mbarrier.wait(dh_ready, (first // PIECES) & 1)
     slots = w_bufs._reinterpret(a_desc.dtype, [3 * SLOTS, BLOCK_M, WIDTH], a_desc.layout)
-    for i in gl.static_range(SLOTS):
-        _load_into_ring(a_desc, up_desc, gate_desc, slots, ring_ready, first + i, i < PIECES, num_m, PIECES)
+    for i in gl.static_range(SLOTS):  # piece i into slot i
+        _load_piece(a_desc, up_desc, gate_desc, *_slot(slots, i), ring_ready.index(i), first + i, i < PIECES, num_m,
+                    PIECES)  # fmt: skip
     for i in range(PIECES):
         gl.thread_barrier()  # both warps are done with the slot of piece i - 1, which piece i - 1 + SLOTS takes
-        _load_into_ring(a_desc, up_desc, gate_desc, slots, ring_ready, first + i - 1 + SLOTS,
-                        (i > 0) & (i - 1 + SLOTS < PIECES), num_m, PIECES)  # fmt: skip
+        refill = (i + SLOTS - 1) % SLOTS
+        _load_piece(a_desc, up_desc, gate_desc, *_slot(slots, refill), ring_ready.index(refill), first + i - 1 + SLOTS,
+                    (i > 0) & (i - 1 + SLOTS < PIECES), num_m, PIECES)  # fmt: skip
         s = i % SLOTS
         dh = handoff.index(i).load(layout).to(gl.float32)
         mbarrier.wait(ring_ready.index(s), (i // SLOTS) & 1)
-        _store_piece(dh, slots.index(3 * s), slots.index(3 * s + 1), slots.index(3 * s + 2), dd, dd_low, first + i,
-                     num_m, F, ROWS, layout, PIECES, LOW_COPY)  # fmt: skip
+        _store_piece(dh, *_slot(slots, s), dd, dd_low, first + i, num_m, F, ROWS, layout, PIECES, LOW_COPY)
 
 
 @gluon.jit
@@ -273,8 +271,9 @@ def dh_swiglu_ws_kernel(
     # As many slots of three activation blocks as the w2 stages hold, for the last tile's epilogue
     SLOTS: gl.constexpr = STAGES * w2_desc.block_type.nbytes // (3 * a_desc.block_type.nbytes)
     ring_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(SLOTS):
-        mbarrier.init(ring_ready.index(i), count=1)
+    if LAST_TILE_IN_RING:
+        for i in gl.static_range(SLOTS):
+            mbarrier.init(ring_ready.index(i), count=1)
     for i in gl.static_range(ACT_BUFFERS):
         mbarrier.init(act_ready.index(i), count=1)
     mbarrier.init(dh_ready, count=1)
