@@ -29,7 +29,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,7 @@ def warmed_variants(
             yield index, workload, arguments, name, plan
 
 
-def settle(calls: list, seconds: float) -> int:
+def settle(calls: Sequence[Callable[[], object]], seconds: float) -> int:
     """Makes the calls in turn, over and over, until `seconds` have passed (at least one round); returns how many."""
     made = 0
     deadline = time.monotonic() + seconds
