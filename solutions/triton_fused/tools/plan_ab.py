@@ -44,8 +44,9 @@ from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
 
 TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
-# Seconds of untimed calls before a workload's first round: without them the first round at T = 2048 ran 6-9% faster
-# than the later ones (the GPU not yet settled at its power cap's clocks), which favoured the plan timed first.
+# Seconds of untimed calls before a workload's first round: a GPU not yet settled at its power cap's clocks runs the
+# first round of a long backward faster than the later ones, which would favour the plan timed first
+# (docs/performance.md, "Tried").
 SETTLE_SECONDS = 3.0
 WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its compiles, its call context's recording
 
