@@ -25,6 +25,7 @@ from harness.results import (
     GraphTiming,
     MixedTokensTiming,
     ResultsError,
+    SustainedTiming,
     WorkloadResult,
     find_results,
     result_path,
@@ -109,7 +110,7 @@ def workload_table(result: BenchResult) -> Table:
         "the call latency of one kernel's launch, timed just before)"
     )
     names = ("#", "B", "T", "status", "latency", "±95%", "median", "n", "device", "host", "floor", "graph", "mixed T",
-             "slowest T")  # fmt: skip
+             "slowest T", "sustained")  # fmt: skip
     columns: dict[str, list[str]] = {name: [] for name in names}
     scores: dict[str, list[str]] = {name: [] for name in ("SOL", "%SOL", "%SOL meas.", "S", "S device")}
     notes: dict[str, list[str]] = {"worst ratio": [], "flags": []}
@@ -124,6 +125,7 @@ def workload_table(result: BenchResult) -> Table:
                 _us(t.median_us if t else None), str(t.n) if t else "-", _us(w.device_us),
                 _us(w.host.median_us if w.host else None), _us(w.launch_floor.latency_us if w.launch_floor else None),
                 _optional_timing(w.cuda_graph), _optional_timing(w.mixed_tokens), _slowest_token_count(w.mixed_tokens),
+                _optional_timing(w.sustained),
             ),
         ):  # fmt: skip
             columns[name].append(text)
@@ -132,7 +134,7 @@ def workload_table(result: BenchResult) -> Table:
         ratios = [o.matched_ratio for trial in w.trials for o in trial.outputs if o.matched_ratio is not None]
         notes["worst ratio"].append(f"{min(ratios):.4f}" if ratios else "-")
         notes["flags"].append(", ".join(w.flags))
-    for optional in ("graph", "mixed T", "slowest T"):
+    for optional in ("graph", "mixed T", "slowest T", "sustained"):
         if all(cell == "-" for cell in columns[optional]):
             del columns[optional]
     columns.update({name: cells for name, cells in scores.items() if any(cell != "-" for cell in cells)})
@@ -165,8 +167,8 @@ def kernel_tables(result: BenchResult) -> list[Table]:
     return tables
 
 
-def _optional_timing(timing: GraphTiming | MixedTokensTiming | None) -> str:
-    """The cell of a timing bench makes only when asked (--cuda-graph, --mixed-tokens)."""
+def _optional_timing(timing: GraphTiming | MixedTokensTiming | SustainedTiming | None) -> str:
+    """The cell of a timing bench makes only when asked (--cuda-graph, --mixed-tokens, --sustained)."""
     return "-" if timing is None else "[red]failed[/red]" if timing.error else _us(timing.timing.mean_us)
 
 
@@ -187,7 +189,7 @@ def print_failures(workloads: list[WorkloadResult]) -> None:
         if w.status is not Status.PASSED and w.message:
             first_lines = "\n    ".join(w.message.splitlines()[:6])
             console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {w.status.value}: {first_lines}", highlight=False, markup=True)
-        for name, timing in (("CUDA graph", w.cuda_graph), ("mixed T", w.mixed_tokens)):
+        for name, timing in (("CUDA graph", w.cuda_graph), ("mixed T", w.mixed_tokens), ("sustained", w.sustained)):
             if timing is not None and timing.error:
                 error = escape(textwrap.shorten(timing.error, ERROR_SHOWN, placeholder=" ... (the result file has it all)"))
                 console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {name}: {error}", highlight=False, markup=True)
@@ -228,6 +230,10 @@ def bench(
     mixed_tokens: Annotated[
         bool, typer.Option("--mixed-tokens", help="also time calls whose T changes every call, as a training step's")
     ] = False,
+    sustained: Annotated[
+        bool,
+        typer.Option("--sustained", help="also time the device time after calls back to back, as in a training step"),
+    ] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="also profile single calls and print their kernels")] = False,
     gpus: Annotated[
         str, typer.Option(help="devices to spread the jobs over: a number or 'all' (on a CPU: worker processes)")
@@ -244,7 +250,7 @@ def bench(
     from harness.isolation import RunPlan, Timeouts
     from harness.launch_audit import LaunchAudit
     from harness.parallel import device_slots, run_local, run_ray
-    from harness.runner import Bench, BenchOptions, Scorer, run_side_by_side
+    from harness.runner import SUSTAINED_SETTLE_S, Bench, BenchOptions, Scorer, run_side_by_side
 
     dev = pick_device(device)
     if suite is None:
@@ -267,6 +273,7 @@ def bench(
             timing=TimingConfig(max_calls=max_calls, target_rel_stderr=target_stderr),
             cuda_graph=cuda_graph,
             mixed_tokens=mixed_tokens,
+            sustained_s=SUSTAINED_SETTLE_S if sustained else 0.0,
             kernels=kernels,
         )
         benches = [] if isolation else [Bench(sol, dev, options, results_dir) for sol in solutions]

@@ -20,7 +20,14 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from harness.results import BASELINE_SOLUTION, ResultsError, WorkloadResult, find_results, load_result
+from harness.results import (
+    BASELINE_SOLUTION,
+    MixedTokensTiming,
+    ResultsError,
+    SustainedTiming,
+    find_results,
+    load_result,
+)
 from harness.roofline import sol_score
 from harness.solexecbench import FormatError, read_traces
 from harness.status import Status
@@ -69,8 +76,10 @@ def load_frame(
                     "pct_sol": w.percent_of_sol,
                     "pct_sol_measured": w.percent_of_sol_measured,
                     "public_us": public.get(w.uuid, math.nan),
-                    "mixed_us": _mixed_latency(w),
+                    "mixed_us": _optional_mean(w.mixed_tokens),
                     "mixed_failed": bool(w.mixed_tokens and w.mixed_tokens.error),
+                    "sustained_us": _optional_mean(w.sustained),
+                    "sustained_failed": bool(w.sustained and w.sustained.error),
                 }
             )
     frame = pd.DataFrame(rows)
@@ -83,10 +92,10 @@ def load_frame(
 PUBLIC_EVALUATOR_FOLDER = "public-evaluator"
 
 
-def _mixed_latency(w: WorkloadResult) -> float:
-    """The mean call latency of `bench --mixed-tokens` (T changing every call); NaN where not timed or failed."""
-    timing = w.mixed_tokens.timing if w.mixed_tokens else None
-    return timing.mean_us if timing else math.nan
+def _optional_mean(timing: MixedTokensTiming | SustainedTiming | None) -> float:
+    """The mean of a timing bench makes when asked (--mixed-tokens: call latency with T changing every call;
+    --sustained: device time after calls back to back); NaN where not timed or failed."""
+    return timing.timing.mean_us if timing and timing.timing else math.nan
 
 
 def public_latencies(path: Path) -> dict[str, float]:
@@ -129,8 +138,8 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (device, suite, solution), ranked by workloads passed, then by mean call latency: call-latency
     aggregates, %SOL and speedup over the passed workloads only (a failed workload's time is no result), S over all
     (a failed workload scores 0), then the mean device time, its S, the mean host cost, the public evaluator's mean
-    latency and the mean call latency with T changing every call (bench --mixed-tokens). A solution that failed any
-    workload says how many in `failed`."""
+    latency, the mean call latency with T changing every call (bench --mixed-tokens) and the mean device time after
+    calls back to back (bench --sustained). A solution that failed any workload says how many in `failed`."""
     rows = []
     for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
         passed = group[group.status == Status.PASSED.value]
@@ -155,6 +164,7 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
                 "mean_public_us": passed.public_us.mean() if passed.public_us.notna().all() else math.nan,
                 # over those it timed (B = 1 leaves no other T), where none failed
                 "mean_mixed_us": passed.mixed_us.mean() if not passed.mixed_failed.any() else math.nan,
+                "mean_sustained_us": passed.sustained_us.mean() if not passed.sustained_failed.any() else math.nan,
             }
         )
     ranked = pd.DataFrame(rows).sort_values(["device", "suite", "failed", "mean_us"], na_position="last")
@@ -204,6 +214,7 @@ TERMINAL_HEADERS = {
     "mean_host_us": "host",
     "mean_public_us": "public",
     "mean_mixed_us": "mixed T",
+    "mean_sustained_us": "sustained",
 }
 NAME_COLUMNS = ("device", "suite", "solution")
 

@@ -140,6 +140,8 @@ TIMING_METHODS = {
     "host_us": "the host's wall clock around the call alone, on an idle device",
     "mixed_tokens_latency_us": "as latency_us, with T changing every call: the calls cycle through the T nearest the "
     "workload's (mixed_tokens), after one untimed round over them (bench --mixed-tokens)",
+    "sustained_device_time_us": "as device_time_us, once the solution's calls have run back to back for a settle time "
+    "(bench --sustained): the GPU at the clock its power limit allows under a training step's load",
 }
 
 
@@ -178,6 +180,7 @@ class RecordWorkload(BaseModel):
     host_us: LatencyStats | None = Field(description="the solution's own host time to issue one call")
     mixed_tokens: list[int] = Field(description="the T of the mixed-T timing's calls; none where not timed")
     mixed_tokens_latency_us: LatencyStats | None = Field(description="call latency with T changing every call")
+    sustained_device_time_us: LatencyStats | None = Field(description="device time after calls back to back")
     flags: list[str]
     percent_of_sol: float | None
     percent_of_sol_measured: float | None
@@ -238,6 +241,7 @@ def leaderboard_record(
                 host_us=LatencyStats.of(w.host),
                 mixed_tokens=w.mixed_tokens.tokens if w.mixed_tokens else [],
                 mixed_tokens_latency_us=LatencyStats.of(w.mixed_tokens.timing if w.mixed_tokens else None),
+                sustained_device_time_us=LatencyStats.of(w.sustained.timing if w.sustained else None),
                 flags=list(w.flags),
                 percent_of_sol=w.percent_of_sol,
                 percent_of_sol_measured=w.percent_of_sol_measured,
@@ -283,6 +287,7 @@ def leaderboard_record(
             "mean_device_time_us": _finite(float(row["mean_device_us"])),
             "mean_device_sol_score": _finite(float(row["mean_device_sol_score"])),
             "mean_mixed_tokens_latency_us": _finite(float(row["mean_mixed_us"])),
+            "mean_sustained_device_time_us": _finite(float(row["mean_sustained_us"])),
         },
         workloads=workloads,
         implementation={

@@ -149,6 +149,19 @@ class MixedTokensTiming(BaseModel):
     error: str = ""
 
 
+class SustainedTiming(BaseModel):
+    """`bench --sustained`: the device time, timed as `device_time` (input sets redrawn, outputs checked), once the
+    solution's own calls have kept the GPU busy back to back for `settle_s` seconds, as a training step's calls keep
+    it. A GPU that was idle a moment before runs its first fraction of a second of heavy work at its boost clock, until
+    its power limit brings the clock down; the other timings are short and follow the checks' pauses, so they fall in
+    that window. The last call on each input set is checked against the reference; a failure leaves `error`."""
+
+    settle_s: float
+    settle_calls: int = 0
+    timing: TimingStats | None = None
+    error: str = ""
+
+
 class TimedChecks(BaseModel):
     """The checks of the timed calls' outputs (runner.TimedOutputChecks): how many calls were checked for unwritten
     elements, and which calls of each timing (numbered from 0, warm-ups included) were drawn for verification in full."""
@@ -204,6 +217,7 @@ class WorkloadResult(BaseModel):
     timed_checks: TimedChecks | None = None
     cuda_graph: GraphTiming | None = None
     mixed_tokens: MixedTokensTiming | None = None
+    sustained: SustainedTiming | None = None
     kernels: KernelProfile | None = None
     flops: int
     bytes: int
@@ -252,6 +266,7 @@ class BenchConfig(BaseModel):
     max_calls: int
     cuda_graph: bool = False
     mixed_tokens: bool = False
+    sustained_s: float = Field(0.0, description="seconds of calls back to back before the sustained timing; 0: none")
     kernels: bool = False
     launch_audit: str = Field("off: not recorded", description="how GPU work issued outside the calls was looked for")
 

@@ -24,6 +24,7 @@ issued by another thread, or by a process the solution started, while no call wa
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import secrets
 import statistics
@@ -50,6 +51,7 @@ from harness.results import (
     OutputCheck,
     ResultsError,
     SolutionRecord,
+    SustainedTiming,
     TimedChecks,
     TrialReport,
     WorkloadResult,
@@ -62,10 +64,12 @@ from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_s
 from harness.status import Status, worst
 from harness.timing import (
     FreshAddresses,
+    L2Flusher,
     TimingConfig,
     TimingStats,
     capture_graph,
     device_wait_after,
+    keep_busy,
     time_call_latency,
     time_device,
     time_launch_floor,
@@ -83,6 +87,7 @@ class BenchOptions:
     timing: TimingConfig = field(default_factory=TimingConfig)
     cuda_graph: bool = False  # also time the call captured in a CUDA graph and replayed
     mixed_tokens: bool = False  # also time calls whose T changes every call (results.MixedTokensTiming)
+    sustained_s: float = 0.0  # > 0: also the device time after this many seconds of calls (results.SustainedTiming)
     kernels: bool = False  # also record the GPU activity of single calls (torch.profiler)
 
 
@@ -141,6 +146,9 @@ class SolutionCaller:
 # The mixed-T timing (results.MixedTokensTiming): how many T it cycles through, and its rounds over them (the first
 # untimed). More T than a solution that keeps a few shapes' state (eight, say) would hold, so such a cache misses on
 # every call as it would in a training step.
+# Seconds of calls back to back before `bench --sustained` times: on the H200 a heavy call's time settles within one
+# second of load (docs/performance.md, "The clock under sustained load").
+SUSTAINED_SETTLE_S = 1.0
 MIXED_TOKEN_COUNTS = 16
 MIXED_TOKEN_ROUNDS = 4
 
@@ -406,6 +414,7 @@ def bench_config(suite: Suite, options: BenchOptions, device: torch.device) -> B
         max_calls=options.timing.max_calls,
         cuda_graph=options.cuda_graph,
         mixed_tokens=options.mixed_tokens,
+        sustained_s=options.sustained_s,
         kernels=options.kernels,
         launch_audit=LaunchAudit.method(device),
     )
@@ -657,8 +666,8 @@ class Bench:
         result: WorkloadResult,
     ) -> None:
         """Device time over the input sets, call latency and host cost at fresh addresses, then the checks of the
-        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph and mixed-T
-        timings last."""
+        timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph, mixed-T and
+        sustained timings last."""
         seeds = unpredictable_seeds()
         device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
         try:
@@ -684,6 +693,8 @@ class Bench:
             result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
         if self.options.mixed_tokens:
             result.mixed_tokens = self._time_mixed_tokens(call, workload, seeds)
+        if self.options.sustained_s > 0:
+            result.sustained = self._time_sustained(call, workload, pool, output_pool, seeds)
 
     def _time_device(
         self,
@@ -814,6 +825,42 @@ class Bench:
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error)
         tokens_us = [statistics.fmean(samples[k :: len(tokens)]) for k in range(len(tokens))]
         return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host, tokens_us=tokens_us)
+
+    def _time_sustained(
+        self,
+        call: SolutionCaller,
+        workload: Workload,
+        pool: list[dict[str, torch.Tensor]],
+        output_pool: list[list[torch.Tensor]],
+        seeds: Iterator[int],
+    ) -> SustainedTiming:
+        """The device time once calls on the input sets, each behind an L2 flush as the timed ones are, have run back to
+        back for options.sustained_s seconds (results.SustainedTiming); no timed call may leave an output element
+        unwritten, and the sampled calls' outputs and those of the last call on each input set must match the
+        reference."""
+        settle_s = self.options.sustained_s
+        flush = L2Flusher(self.device) if self.device.type == "cuda" else lambda: None
+
+        def settle_call(k: int) -> None:
+            flush()
+            call(pool[k], output_pool[k])
+
+        checks = TimedOutputChecks()
+        try:
+            made = keep_busy([functools.partial(settle_call, k) for k in range(len(pool))], settle_s, self.device)
+            timing, last = self._time_device(call, workload.dims, pool, output_pool, seeds, checks)
+        except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
+            return SustainedTiming(settle_s=settle_s, error="during the calls: " + _describe_exception(exc))
+        if poisoned := checks.poisoned_calls():
+            error = f"{len(poisoned)} of {checks.calls} timed calls left output elements unwritten or NaN"
+            return SustainedTiming(settle_s=settle_s, settle_calls=made, error=error)
+        for checked in [*checks.kept, *last]:
+            inputs = generate_inputs(workload.dims, checked.seed, self.device)
+            _, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
+            if status is not Status.PASSED:
+                error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
+                return SustainedTiming(settle_s=settle_s, settle_calls=made, error=error)
+        return SustainedTiming(settle_s=settle_s, settle_calls=made, timing=timing)
 
     def _verify_timed_outputs(
         self,

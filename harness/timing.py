@@ -20,6 +20,11 @@ Before each call, outside the timed window, the caller's `prepare` redraws the c
 outputs. After a warm-up, calls are taken in batches until the standard error of the mean is under
 `target_rel_stderr` of the mean, or a cap on calls or seconds is reached. On a CPU the same statistics come
 from a wall clock and are labelled as such.
+
+Both timings are short and follow pauses (the checks between them), so they meet a GPU that was idle a moment before:
+an H200 runs its first fraction of a second of heavy work at its boost clock, until its power limit brings the clock
+down. `keep_busy` runs a solution's calls back to back for long enough that the timing after it meets the clock a
+training step's calls meet (`bench --sustained`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -149,6 +155,32 @@ class FreshAddresses:
             pool[offset : offset + nbytes].view(dtype).view(shape)
             for pool, (shape, dtype, nbytes) in zip(self.pools, self.templates)
         ]
+
+
+# Rounds of calls queued ahead of the host by keep_busy: enough that the device never waits for the host between
+# rounds, few enough that the host's clock bounds the time the device is kept busy.
+BUSY_ROUNDS_AHEAD = 4
+
+
+def keep_busy(calls: Sequence[Callable[[], object]], seconds: float, device: torch.device) -> int:
+    """Makes the calls in turn, over and over, for `seconds` of the host's clock (one round at least), the host waiting
+    only for the rounds more than BUSY_ROUNDS_AHEAD behind it, so that the device's queue never runs dry; returns how
+    many calls were made, once the device has finished them."""
+    made = 0
+    queued: deque[torch.cuda.Event] = deque()
+    deadline = _clock() + seconds
+    while made == 0 or _clock() < deadline:
+        for call in calls:
+            call()
+        made += len(calls)
+        if device.type == "cuda":
+            queued.append(torch.cuda.Event())
+            queued[-1].record()
+            if len(queued) > BUSY_ROUNDS_AHEAD:
+                _event_synchronize(queued.popleft())
+    if device.type == "cuda":
+        _device_synchronize(device)
+    return made
 
 
 def _nothing(i: int) -> None:

@@ -27,6 +27,19 @@ def run(*tensors):
         out.copy_(value if tensors[1].numel() == FIRST[0] else 0 * value)
 """
 
+# A solution right for its first 25 calls only: it passes the trials and the short timings, and fails once its calls
+# have run back to back (bench --sustained).
+WRONG_WHEN_WARM = """
+from reference import reference_backward
+
+CALLS = []
+
+def run(*tensors):
+    CALLS.append(1)
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value if len(CALLS) <= 25 else 0 * value)
+"""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from harness import compare as comparing
 from harness.cli import app
 from harness.registry import discover
-from tests.conftest import HAS_CUDA, ONE_SHAPE
+from tests.conftest import HAS_CUDA, ONE_SHAPE, WRONG_WHEN_WARM
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
 
@@ -150,6 +150,17 @@ def test_a_failed_mixed_t_timing_is_named_with_its_error(tmp_path: Path, make_so
     assert "passed 1/1" in result.output and "mixed T" in result.output and "failed" in result.output
     assert "#4 smoke-t67-b197 mixed T: outputs fail the check: T = 66: grad_hidden_states" in result.output
     assert "(the result file has it all)" in result.output  # the 16 T's failures, cut short
+
+
+def test_a_failed_sustained_timing_is_named_with_its_error(tmp_path: Path, make_solution) -> None:
+    """bench --sustained: a solution that goes wrong once its calls have run back to back passes the workload, and the
+    table marks its sustained timing failed, with the check's words below it."""
+    root = make_solution("wrong_when_warm", WRONG_WHEN_WARM)
+    result = invoke("bench", "-s", "wrong_when_warm", "-w", "0", "--sustained", "--trials", "1", "--max-calls", "4",
+                    "--solutions-dir", str(root), "--results-dir", str(tmp_path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "passed 1/1" in result.output and "sustained" in result.output and "failed" in result.output
+    assert "#0 smoke-t1-b1 sustained: outputs of timed calls (seed " in result.output
 
 
 def test_side_by_side_bench_writes_one_file_per_solution(tmp_path: Path) -> None:

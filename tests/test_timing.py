@@ -19,13 +19,14 @@ from harness.timing import (
     LATE_WORK_NOISE_US,
     FreshAddresses,
     TimingConfig,
+    keep_busy,
     time_call_latency,
     time_device,
     time_launch_floor,
 )
 from harness.workloads import load_named_suite
 from reference.problem import Dims
-from tests.conftest import ONE_SHAPE
+from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM
 
 SMOKE = load_named_suite("smoke")
 FAST = TimingConfig(warmup_calls=1, min_calls=4, max_calls=6, batch_calls=2)
@@ -157,6 +158,51 @@ def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_alone(make_solutio
     assert mixed.timing is None and mixed.error.startswith("outputs fail the check: T = ")
     save(result, root.parent / "results" / "cpu" / "one_shape.json")
     assert math.isnan(comparing.summary(comparing.load_frame(root.parent / "results")).mean_mixed_us.iloc[0])
+
+
+def test_keep_busy_makes_the_calls_in_turn_until_its_time_is_up() -> None:
+    """One round at least, then whole rounds until the host's clock passes the time given."""
+    made: list[str] = []
+    calls = [lambda: made.append("a"), lambda: made.append("b")]
+    assert keep_busy(calls, 0.0, torch.device("cpu")) == 2 and made == ["a", "b"]
+    made.clear()
+    count = keep_busy(calls, 0.05, torch.device("cpu"))
+    assert count == len(made) >= 4 and made[:4] == ["a", "b", "a", "b"]
+
+
+def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
+    """bench --sustained: after the workload's own timings, untimed calls on the input sets for the settle time, then
+    the device time again; the result, bench's table, compare and the leaderboard record carry it."""
+    root = make_solution("recording", RECORDING)
+    options = BenchOptions(trials=1, timing=FAST, sustained_s=0.2)
+    bench = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results")
+    result = bench.run(SMOKE, SMOKE.workloads[:1])
+    workload, sustained = result.workloads[0], result.workloads[0].sustained
+    assert workload.status.value == "PASSED" and sustained.error == "" and result.config.sustained_s == 0.2
+    assert sustained.settle_s == 0.2 and sustained.settle_calls >= options.input_sets
+    assert FAST.min_calls <= sustained.timing.n <= FAST.max_calls and sustained.timing.input_sets == options.input_sets
+    pointers = sys.modules["harness_solutions.recording.solution"].POINTERS
+    settled = pointers[-(sustained.settle_calls + sustained.timing.n + FAST.warmup_calls) :][: sustained.settle_calls]
+    assert len(set(settled)) == options.input_sets  # the input sets in turn, none at a fresh address
+    console = Console(width=300, record=True)
+    console.print(workload_table(result))
+    text = console.export_text()
+    assert "sustained" in text and f"{sustained.timing.mean_us:,.1f}" in text
+    save(result, root.parent / "results" / "cpu" / "recording.json")
+    frame = comparing.load_frame(root.parent / "results")
+    assert frame.sustained_us.iloc[0] == sustained.timing.mean_us == comparing.summary(frame).mean_sustained_us.iloc[0]
+
+
+def test_a_solution_wrong_under_sustained_load_fails_that_timing_alone(make_solution) -> None:
+    """Outputs checked after the sustained timing: a solution that goes wrong only after its first 25 calls passes the
+    trials and the short timings, and its sustained timing reports the failure instead of a time."""
+    root = make_solution("wrong_when_warm", WRONG_WHEN_WARM)
+    options = BenchOptions(trials=1, timing=FAST, sustained_s=0.3)
+    bench = Bench(get_solution("wrong_when_warm", root), torch.device("cpu"), options, root.parent / "results")
+    workload = bench.run(SMOKE, SMOKE.workloads[:1]).workloads[0]
+    assert workload.status.value == "PASSED", workload.message
+    assert workload.sustained.timing is None and workload.sustained.settle_calls > 25
+    assert workload.sustained.error.startswith("outputs of timed calls (seed ")
 
 
 HOST_SLEEP = """

@@ -79,17 +79,6 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
 
 
-def test_plan_ab_settles_the_gpu_with_every_plan_in_turn() -> None:
-    """tools/plan_ab.py's settle phase calls the plans in turn until its time is up, one round at least."""
-    plan_ab = plan_ab_tool()
-    made: list[str] = []
-    calls = [lambda: made.append("plan"), lambda: made.append("variant")]
-    assert plan_ab.settle(calls, 0.0) == 2 and made == ["plan", "variant"]
-    made.clear()
-    count = plan_ab.settle(calls, 0.05)
-    assert count == len(made) >= 4 and made[:4] == ["plan", "variant", "plan", "variant"]
-
-
 def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
     """tools/plan_ab.py's summary: the plan's mean and rounds, and each variant's also minus the plan's, round by round."""
     lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]})

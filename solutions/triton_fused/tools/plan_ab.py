@@ -28,8 +28,7 @@ import functools
 import json
 import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ import torch
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import allocate_outputs
-from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device
+from harness.timing import FreshAddresses, TimingConfig, keep_busy, time_call_latency, time_device
 from harness.workloads import Workload, load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
@@ -157,19 +156,6 @@ def warmed_variants(
             yield index, workload, arguments, name, plan
 
 
-def settle(calls: Sequence[Callable[[], object]], seconds: float) -> int:
-    """Makes the calls in turn, over and over, until `seconds` have passed (at least one round); returns how many."""
-    made = 0
-    deadline = time.monotonic() + seconds
-    while made == 0 or time.monotonic() < deadline:
-        for call in calls:
-            call()
-        made += len(calls)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    return made
-
-
 def summary(index: int, tokens: int, times: dict[str, list[float]]) -> list[str]:
     """One workload's printed timings: each plan's mean and rounds, and each variant's difference from the bucket's plan
     round by round (a round times every plan once, back to back, so its pair shares the machine's moment)."""
@@ -193,7 +179,8 @@ def main() -> None:
     args = parser.parse_args()
 
     module, variants, workloads, out = start_session(args)
-    for index, workload, arguments in workload_arguments(workloads, 0, torch.device("cuda")):
+    device = torch.device("cuda")
+    for index, workload, arguments in workload_arguments(workloads, 0, device):
         dims, outputs = workload.dims, arguments[len(INPUTS) :]
         plans = variant_plans(module, dims, variants)
         expected = None
@@ -210,7 +197,7 @@ def main() -> None:
             }
             print(f"#{index} T={dims.num_tokens} {name}: largest relative difference from the plan's outputs {differences}")
         times: dict[str, list[float]] = {name: [] for name in plans}
-        settle([functools.partial(module.backward, *arguments, plan=plan) for plan in plans.values()], args.settle)
+        keep_busy([functools.partial(module.backward, *arguments, plan=plan) for plan in plans.values()], args.settle, device)
         with out.open("a") as handle:
             for rep in range(args.reps):
                 for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
