@@ -24,7 +24,6 @@ issued by another thread, or by a process the solution started, while no call wa
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import secrets
 import statistics
@@ -64,15 +63,14 @@ from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_s
 from harness.status import Status, worst
 from harness.timing import (
     FreshAddresses,
-    L2Flusher,
     TimingConfig,
     TimingStats,
     capture_graph,
     device_wait_after,
-    keep_busy,
     time_call_latency,
     time_device,
     time_launch_floor,
+    time_sustained,
 )
 from harness.workloads import Suite, Workload, available_suites
 from reference import allocate_inputs, draw_normal, fill_inputs, generate_inputs, reference_backward, validate_token_indices
@@ -146,11 +144,12 @@ class SolutionCaller:
 # The mixed-T timing (results.MixedTokensTiming): how many T it cycles through, and its rounds over them (the first
 # untimed). More T than a solution that keeps a few shapes' state (eight, say) would hold, so such a cache misses on
 # every call as it would in a training step.
+MIXED_TOKEN_COUNTS = 16
+MIXED_TOKEN_ROUNDS = 4
+
 # Seconds of calls back to back before `bench --sustained` times: on the H200 a heavy call's time settles within one
 # second of load (docs/performance.md, "The clock under sustained load").
 SUSTAINED_SETTLE_S = 1.0
-MIXED_TOKEN_COUNTS = 16
-MIXED_TOKEN_ROUNDS = 4
 
 
 def mixed_token_counts(dims: Dims, count: int = MIXED_TOKEN_COUNTS) -> list[int]:
@@ -706,17 +705,7 @@ class Bench:
         checks: TimedOutputChecks,
     ) -> tuple[TimingStats, list[TimedCall]]:
         """Device time rotating over the input sets, redrawn in place before each call; the last call on each set."""
-        last: list[TimedCall | None] = [None] * len(pool)
-
-        def prepare(k: int) -> None:
-            seed = next(seeds)
-            fill_inputs(pool[k], dims, seed)
-            guards.poison(output_pool[k])
-            checks.current = last[k] = TimedCall(pool[k], seed)
-
-        def timed_call(k: int) -> None:
-            last[k].outputs = call(pool[k], output_pool[k])
-
+        prepare, timed_call, last = _on_input_sets(call, dims, pool, output_pool, seeds, checks)
         timing = time_device(timed_call, prepare, len(pool), self.device, self.options.timing, checks.after)
         return timing, [c for c in last if c is not None and c.outputs]
 
@@ -834,33 +823,27 @@ class Bench:
         output_pool: list[list[torch.Tensor]],
         seeds: Iterator[int],
     ) -> SustainedTiming:
-        """The device time once calls on the input sets, each behind an L2 flush as the timed ones are, have run back to
-        back for options.sustained_s seconds (results.SustainedTiming); no timed call may leave an output element
-        unwritten, and the sampled calls' outputs and those of the last call on each input set must match the
-        reference."""
-        settle_s = self.options.sustained_s
-        flush = L2Flusher(self.device) if self.device.type == "cuda" else lambda: None
-
-        def settle_call(k: int) -> None:
-            flush()
-            call(pool[k], output_pool[k])
-
-        checks = TimedOutputChecks()
+        """The calls over the input sets back to back (timing.time_sustained, results.SustainedTiming), redrawn in place
+        before each call, the first options.sustained_s seconds untimed; no call may leave an output element unwritten,
+        and the sampled calls' outputs and those of the last call on each input set must match the reference."""
+        settle_s, checks = self.options.sustained_s, TimedOutputChecks()
+        prepare, timed_call, last = _on_input_sets(call, workload.dims, pool, output_pool, seeds, checks)
         try:
-            made = keep_busy([functools.partial(settle_call, k) for k in range(len(pool))], settle_s, self.device)
-            timing, last = self._time_device(call, workload.dims, pool, output_pool, seeds, checks)
+            timing, settle_calls = time_sustained(
+                timed_call, prepare, len(pool), self.device, self.options.timing, settle_s, checks.after
+            )
         except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
             return SustainedTiming(settle_s=settle_s, error="during the calls: " + _describe_exception(exc))
         if poisoned := checks.poisoned_calls():
-            error = f"{len(poisoned)} of {checks.calls} timed calls left output elements unwritten or NaN"
-            return SustainedTiming(settle_s=settle_s, settle_calls=made, error=error)
-        for checked in [*checks.kept, *last]:
+            error = f"{len(poisoned)} of {checks.calls} calls left output elements unwritten or NaN"
+            return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, error=error)
+        for checked in [*checks.kept, *(c for c in last if c is not None and c.outputs)]:
             inputs = generate_inputs(workload.dims, checked.seed, self.device)
             _, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
             if status is not Status.PASSED:
                 error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
-                return SustainedTiming(settle_s=settle_s, settle_calls=made, error=error)
-        return SustainedTiming(settle_s=settle_s, settle_calls=made, timing=timing)
+                return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, error=error)
+        return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, timing=timing)
 
     def _verify_timed_outputs(
         self,
@@ -906,6 +889,30 @@ class Bench:
                         f"(numerically marginal, not counted as cheating): {detail}"
                     )
                 return
+
+
+def _on_input_sets(
+    call: SolutionCaller,
+    dims: Dims,
+    pool: list[dict[str, torch.Tensor]],
+    output_pool: list[list[torch.Tensor]],
+    seeds: Iterator[int],
+    checks: TimedOutputChecks,
+) -> tuple[Callable[[int], None], Callable[[int], None], list[TimedCall | None]]:
+    """(prepare, timed_call, last) of the timings that rotate over the input sets: prepare(k) redraws set k in place and
+    poisons its outputs, timed_call(k) calls the solution on it; last[k] is set k's latest call."""
+    last: list[TimedCall | None] = [None] * len(pool)
+
+    def prepare(k: int) -> None:
+        seed = next(seeds)
+        fill_inputs(pool[k], dims, seed)
+        guards.poison(output_pool[k])
+        checks.current = last[k] = TimedCall(pool[k], seed)
+
+    def timed_call(k: int) -> None:
+        last[k].outputs = call(pool[k], output_pool[k])
+
+    return prepare, timed_call, last
 
 
 def late_work_habit(result: WorkloadResult) -> str:

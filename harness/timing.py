@@ -21,20 +21,21 @@ outputs. After a warm-up, calls are taken in batches until the standard error of
 `target_rel_stderr` of the mean, or a cap on calls or seconds is reached. On a CPU the same statistics come
 from a wall clock and are labelled as such.
 
-Both timings are short and follow pauses (the checks between them), so they meet a GPU that was idle a moment before:
-an H200 runs its first fraction of a second of heavy work at its boost clock, until its power limit brings the clock
-down. `keep_busy` runs a solution's calls back to back for long enough that the timing after it meets the clock a
-training step's calls meet (`bench --sustained`).
+Both leave the GPU idle between calls or batches (the spin ahead of a batch idles all but one of its SMs), and an
+H200 whose load pauses is held below its power limit, at or near its boost clock. A training step keeps it busy: under
+continuous heavy work the power limit brings the SM clock down within a fraction of a second. `time_sustained` times
+calls back to back with no pause at all, after a settle time of the same calls (`bench --sustained`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -155,32 +156,6 @@ class FreshAddresses:
             pool[offset : offset + nbytes].view(dtype).view(shape)
             for pool, (shape, dtype, nbytes) in zip(self.pools, self.templates)
         ]
-
-
-# Rounds of calls queued ahead of the host by keep_busy: enough that the device never waits for the host between
-# rounds, few enough that the host's clock bounds the time the device is kept busy.
-BUSY_ROUNDS_AHEAD = 4
-
-
-def keep_busy(calls: Sequence[Callable[[], object]], seconds: float, device: torch.device) -> int:
-    """Makes the calls in turn, over and over, for `seconds` of the host's clock (one round at least), the host waiting
-    only for the rounds more than BUSY_ROUNDS_AHEAD behind it, so that the device's queue never runs dry; returns how
-    many calls were made, once the device has finished them."""
-    made = 0
-    queued: deque[torch.cuda.Event] = deque()
-    deadline = _clock() + seconds
-    while made == 0 or _clock() < deadline:
-        for call in calls:
-            call()
-        made += len(calls)
-        if device.type == "cuda":
-            queued.append(torch.cuda.Event())
-            queued[-1].record()
-            if len(queued) > BUSY_ROUNDS_AHEAD:
-                _event_synchronize(queued.popleft())
-    if device.type == "cuda":
-        _device_synchronize(device)
-    return made
 
 
 def _nothing(i: int) -> None:
@@ -335,6 +310,106 @@ def _time_cuda(
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
     return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets, _late_work(charges))
+
+
+# Batches of calls the host may queue ahead of the device under the back-to-back timers (keep_busy, time_sustained):
+# enough that the device never waits for the host between batches, few enough that the host's clock bounds the time.
+BATCHES_AHEAD = 4
+
+
+def keep_busy(calls: Sequence[Callable[[], object]], seconds: float, device: torch.device) -> int:
+    """Makes the calls in turn, over and over, for `seconds` of the host's clock (one round at least), the host waiting
+    only for the rounds more than BATCHES_AHEAD behind it, so that the device's queue never runs dry; returns how many
+    calls were made, once the device has finished them."""
+    made = 0
+    queued: deque[torch.cuda.Event] = deque()
+    deadline = _clock() + seconds
+    while made == 0 or _clock() < deadline:
+        for call in calls:
+            call()
+        made += len(calls)
+        if device.type == "cuda":
+            queued.append(torch.cuda.Event())
+            queued[-1].record()
+            if len(queued) > BATCHES_AHEAD:
+                _event_synchronize(queued.popleft())
+    if device.type == "cuda":
+        _device_synchronize(device)
+    return made
+
+
+def time_sustained(
+    call: Callable[[int], None],
+    prepare: Callable[[int], None],
+    input_sets: int,
+    device: torch.device,
+    config: TimingConfig,
+    settle_s: float,
+    after: Callable[[int], None] = _nothing,
+) -> tuple[TimingStats, int]:
+    """(timing, settle calls): the time of `call(k)` on input set k, `prepare(k)` and an L2 flush ahead of each call and
+    outside its events as in time_device, with the calls back to back and never a pause: no spin, no synchronisation;
+    the host stays at most BATCHES_AHEAD batches ahead and reads a batch's events once it has completed. The calls of
+    the first `settle_s` seconds of the host's clock are not timed. `after(i)` follows the i-th call, settle calls
+    counted. On a CPU: the settle calls, then time_device's wall clock. The late work still running once the last call
+    has ended is charged over its batch."""
+    made = 0
+    if device.type != "cuda":
+
+        def prepared(k: int) -> None:
+            nonlocal made
+            prepare(k)
+            call(k)
+            after(made)
+            made += 1
+
+        keep_busy([functools.partial(prepared, k) for k in range(input_sets)], settle_s, device)
+        settle_calls = made
+        timing = _time_cpu(call, prepare, input_sets, replace(config, warmup_calls=0), lambda i: after(settle_calls + i))
+        return timing, settle_calls
+    flush = L2Flusher(device)
+
+    def batch() -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+        nonlocal made
+        events = []
+        for _ in range(config.batch_calls):
+            prepare(made % input_sets)
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call(made % input_sets)
+            end.record()
+            events.append((start, end))
+            after(made)
+            made += 1
+        return events
+
+    queued: deque[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = deque()
+    deadline = _clock() + settle_s
+    while not queued or _clock() < deadline:
+        queued.append(batch())
+        if len(queued) > BATCHES_AHEAD:
+            _event_synchronize(queued.popleft()[-1][1])
+    settle_calls, timed = made, deque()
+    samples: list[float] = []
+    started = _clock()
+    while True:
+        more = (made - settle_calls < config.max_calls and not _converged(samples, config)
+                and _clock() - started < config.max_seconds)  # fmt: skip
+        if more:
+            timed.append(batch())
+        if timed and (not more or len(timed) > BATCHES_AHEAD):
+            events = timed.popleft()
+            _event_synchronize(events[-1][1])
+            samples.extend(start.elapsed_time(end) * 1e3 for start, end in events)
+        elif not more:
+            break
+    last_end = torch.cuda.Event()
+    last_end.record()
+    own = samples[-config.batch_calls :]
+    charge = _late_charge(device_wait_after(last_end), _idle_wait(), sum(own), len(own))
+    samples[-len(own) :] = [t + charge / len(own) for t in own]
+    return TimingStats.from_samples(samples, "cuda_events", 0, input_sets, _late_work([charge])), settle_calls
 
 
 def _time_cpu(

@@ -23,6 +23,7 @@ from harness.timing import (
     time_call_latency,
     time_device,
     time_launch_floor,
+    time_sustained,
 )
 from harness.workloads import load_named_suite
 from reference.problem import Dims
@@ -170,9 +171,19 @@ def test_keep_busy_makes_the_calls_in_turn_until_its_time_is_up() -> None:
     assert count == len(made) >= 4 and made[:4] == ["a", "b", "a", "b"]
 
 
+@pytest.mark.gpu
+def test_sustained_calls_are_all_timed_after_the_settle_calls() -> None:
+    """On the GPU every call after the settle calls is timed, batches read once complete, `after` numbering them all."""
+    a = torch.randn(2048, 2048, device="cuda")
+    seen: list[int] = []
+    timing, settled = time_sustained(lambda k: torch.mm(a, a), lambda k: None, 2, torch.device("cuda"), FAST, 0.05, seen.append)
+    assert seen == list(range(len(seen))) and len(seen) == settled + timing.n
+    assert settled >= FAST.batch_calls and FAST.min_calls <= timing.n and timing.clock == "cuda_events"
+
+
 def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
-    """bench --sustained: after the workload's own timings, untimed calls on the input sets for the settle time, then
-    the device time again; the result, bench's table, compare and the leaderboard record carry it."""
+    """bench --sustained: after the workload's own timings, calls on the input sets in turn, the first settle time of
+    them untimed; the result, bench's table and compare carry it."""
     root = make_solution("recording", RECORDING)
     options = BenchOptions(trials=1, timing=FAST, sustained_s=0.2)
     bench = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results")
@@ -182,8 +193,9 @@ def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
     assert sustained.settle_s == 0.2 and sustained.settle_calls >= options.input_sets
     assert FAST.min_calls <= sustained.timing.n <= FAST.max_calls and sustained.timing.input_sets == options.input_sets
     pointers = sys.modules["harness_solutions.recording.solution"].POINTERS
-    settled = pointers[-(sustained.settle_calls + sustained.timing.n + FAST.warmup_calls) :][: sustained.settle_calls]
-    assert len(set(settled)) == options.input_sets  # the input sets in turn, none at a fresh address
+    back_to_back = pointers[-(sustained.settle_calls + sustained.timing.n) :]
+    assert back_to_back[: options.input_sets] == back_to_back[options.input_sets : 2 * options.input_sets]
+    assert len(set(back_to_back)) == options.input_sets  # the input sets in turn, as the device time's calls
     console = Console(width=300, record=True)
     console.print(workload_table(result))
     text = console.export_text()
