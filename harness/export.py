@@ -140,8 +140,9 @@ TIMING_METHODS = {
     "host_us": "the host's wall clock around the call alone, on an idle device",
     "mixed_tokens_latency_us": "as latency_us, with T changing every call: the calls cycle through the T nearest the "
     "workload's (mixed_tokens), after one untimed round over them (bench --mixed-tokens)",
-    "sustained_device_time_us": "as device_time_us, once the solution's calls have run back to back for a settle time "
-    "(bench --sustained): the GPU at the clock its power limit allows under a training step's load",
+    "sustained_device_time_us": "CUDA events, the calls back to back with no pause (no spin, no synchronisation between "
+    "batches), grad_output redrawn and the L2 flushed before each, the first second untimed (bench --sustained): the GPU "
+    "at the clock its power limit allows under continuous load, as in a training step",
 }
 
 

@@ -150,11 +150,12 @@ class MixedTokensTiming(BaseModel):
 
 
 class SustainedTiming(BaseModel):
-    """`bench --sustained`: the device time, timed as `device_time` (input sets redrawn, outputs checked), once the
-    solution's own calls have kept the GPU busy back to back for `settle_s` seconds, as a training step's calls keep
-    it. A GPU that was idle a moment before runs its first fraction of a second of heavy work at its boost clock, until
-    its power limit brings the clock down; the other timings are short and follow the checks' pauses, so they fall in
-    that window. The last call on each input set is checked against the reference; a failure leaves `error`."""
+    """`bench --sustained`: the time per call with the calls back to back and never a pause, as a training step keeps
+    the GPU busy (timing.time_sustained): the calls rotate over the input sets, grad_output alone redrawn and the L2
+    flushed before each, the first `settle_s` seconds of calls untimed. The device time pauses between batches, and a
+    GPU whose load pauses stays below its power limit, near its boost clock; under continuous heavy work the limit
+    brings the clock down. Sampled calls and the last on each input set are checked against the reference (the outputs
+    are not poisoned); a failure leaves `error`."""
 
     settle_s: float
     settle_calls: int = 0

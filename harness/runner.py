@@ -705,7 +705,17 @@ class Bench:
         checks: TimedOutputChecks,
     ) -> tuple[TimingStats, list[TimedCall]]:
         """Device time rotating over the input sets, redrawn in place before each call; the last call on each set."""
-        prepare, timed_call, last = _on_input_sets(call, dims, pool, output_pool, seeds, checks)
+        last: list[TimedCall | None] = [None] * len(pool)
+
+        def prepare(k: int) -> None:
+            seed = next(seeds)
+            fill_inputs(pool[k], dims, seed)
+            guards.poison(output_pool[k])
+            checks.current = last[k] = TimedCall(pool[k], seed)
+
+        def timed_call(k: int) -> None:
+            last[k].outputs = call(pool[k], output_pool[k])
+
         timing = time_device(timed_call, prepare, len(pool), self.device, self.options.timing, checks.after)
         return timing, [c for c in last if c is not None and c.outputs]
 
@@ -823,22 +833,33 @@ class Bench:
         output_pool: list[list[torch.Tensor]],
         seeds: Iterator[int],
     ) -> SustainedTiming:
-        """The calls over the input sets back to back (timing.time_sustained, results.SustainedTiming), redrawn in place
-        before each call, the first options.sustained_s seconds untimed; no call may leave an output element unwritten,
-        and the sampled calls' outputs and those of the last call on each input set must match the reference."""
-        settle_s, checks = self.options.sustained_s, TimedOutputChecks()
-        prepare, timed_call, last = _on_input_sets(call, workload.dims, pool, output_pool, seeds, checks)
+        """The calls over the input sets back to back (timing.time_sustained, results.SustainedTiming), the first
+        options.sustained_s seconds untimed. Before each call only grad_output is redrawn, which changes every output,
+        and the outputs are not poisoned: redrawing every input and filling the outputs (about 3.5 GB of memory traffic
+        per call at the public shapes, a millisecond) would put memory-bound work between the calls, most of the GPU's
+        time at T = 296, and hold it below its power limit. The sampled calls' outputs and those of the last call on each input set must match the reference."""
+        settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False)
+        base_seeds = [next(seeds) for _ in pool]
+        for inputs, seed in zip(pool, base_seeds):
+            fill_inputs(inputs, workload.dims, seed)
+        last: list[TimedCall | None] = [None] * len(pool)
+
+        def prepare(k: int) -> None:
+            seed = next(seeds)
+            redraw(pool[k], "grad_output", seed)
+            checks.current = last[k] = TimedCall(pool[k], seed, base_seed=base_seeds[k])
+
+        def timed_call(k: int) -> None:
+            last[k].outputs = call(pool[k], output_pool[k])
+
         try:
             timing, settle_calls = time_sustained(
                 timed_call, prepare, len(pool), self.device, self.options.timing, settle_s, checks.after
             )
         except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
             return SustainedTiming(settle_s=settle_s, error="during the calls: " + _describe_exception(exc))
-        if poisoned := checks.poisoned_calls():
-            error = f"{len(poisoned)} of {checks.calls} calls left output elements unwritten or NaN"
-            return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, error=error)
         for checked in [*checks.kept, *(c for c in last if c is not None and c.outputs)]:
-            inputs = generate_inputs(workload.dims, checked.seed, self.device)
+            inputs = checked.drawn_inputs(workload.dims, self.device)
             _, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
             if status is not Status.PASSED:
                 error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
@@ -891,30 +912,6 @@ class Bench:
                 return
 
 
-def _on_input_sets(
-    call: SolutionCaller,
-    dims: Dims,
-    pool: list[dict[str, torch.Tensor]],
-    output_pool: list[list[torch.Tensor]],
-    seeds: Iterator[int],
-    checks: TimedOutputChecks,
-) -> tuple[Callable[[int], None], Callable[[int], None], list[TimedCall | None]]:
-    """(prepare, timed_call, last) of the timings that rotate over the input sets: prepare(k) redraws set k in place and
-    poisons its outputs, timed_call(k) calls the solution on it; last[k] is set k's latest call."""
-    last: list[TimedCall | None] = [None] * len(pool)
-
-    def prepare(k: int) -> None:
-        seed = next(seeds)
-        fill_inputs(pool[k], dims, seed)
-        guards.poison(output_pool[k])
-        checks.current = last[k] = TimedCall(pool[k], seed)
-
-    def timed_call(k: int) -> None:
-        last[k].outputs = call(pool[k], output_pool[k])
-
-    return prepare, timed_call, last
-
-
 def late_work_habit(result: WorkloadResult) -> str:
     """What a timing found where it saw late work as a habit (LATE_WORK_TIMED_SHARE), or ""."""
     for what, timing in (("device-time batches", result.device_time), ("call-latency calls", result.call_latency)):
@@ -950,10 +947,12 @@ class TimedOutputChecks:
     reservoir sampling as each call ends, keep a copy of their outputs for verification in full against the reference
     after the timing: no call can know, when it returns, whether it will be verified, so a solution that skips or
     fakes its work on a fraction f of the calls is caught with probability 1 - (1 - f)^VERIFIED_TIMED_CALLS per timing
-    (and surely where it leaves any output unwritten).
+    (and surely where it leaves any output unwritten). With `scan_unwritten` off (the sustained timing, whose outputs
+    are not poisoned) the sample alone.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, scan_unwritten: bool = True) -> None:
+        self.scan_unwritten = scan_unwritten
         self.current: TimedCall | None = None  # the call being made (set by the timing's prepare)
         self.calls = 0
         self.kept: list[TimedCall] = []
@@ -961,15 +960,15 @@ class TimedOutputChecks:
         self._random = secrets.SystemRandom()
 
     def after(self, i: int) -> None:
-        produced = [out for out in self.current.outputs if isinstance(out, torch.Tensor)]
-        left = [torch.isnan(out).any() for out in produced if out.is_floating_point()]
-        self._unwritten.append(torch.stack(left).any() if left else torch.zeros((), dtype=torch.bool))
+        if self.scan_unwritten:
+            produced = [out for out in self.current.outputs if isinstance(out, torch.Tensor)]
+            left = [torch.isnan(out).any() for out in produced if out.is_floating_point()]
+            self._unwritten.append(torch.stack(left).any() if left else torch.zeros((), dtype=torch.bool))
         self.calls += 1
         slot = self.calls - 1 if self.calls <= VERIFIED_TIMED_CALLS else self._random.randrange(self.calls)
         if slot < VERIFIED_TIMED_CALLS:
-            kept = TimedCall(
-                {}, self.current.seed, [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs], i
-            )
+            outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs]
+            kept = TimedCall({}, self.current.seed, outputs, i, self.current.base_seed)
             self.kept[slot : slot + 1] = [kept]
 
     def poisoned_calls(self) -> list[int]:
@@ -980,12 +979,22 @@ class TimedOutputChecks:
 @dataclass
 class TimedCall:
     """A timed call whose outputs are verified after timing: its inputs, the seed they were drawn from, its outputs
-    and its number among the timing's calls."""
+    and its number among the timing's calls; where only grad_output was redrawn (from `seed`) before it, `base_seed`
+    drew the others."""
 
     inputs: dict[str, torch.Tensor]
     seed: int
     outputs: list[object] = field(default_factory=list)
     index: int = 0
+    base_seed: int | None = None
+
+    def drawn_inputs(self, dims: Dims, device: torch.device) -> dict[str, torch.Tensor]:
+        """The call's inputs drawn again from their seeds."""
+        if self.base_seed is None:
+            return generate_inputs(dims, self.seed, device)
+        inputs = generate_inputs(dims, self.base_seed, device)
+        redraw(inputs, "grad_output", self.seed)
+        return inputs
 
 
 def run_side_by_side(
