@@ -232,7 +232,7 @@ def bench(
     ] = False,
     sustained: Annotated[
         bool,
-        typer.Option("--sustained", help="also time the device time after calls back to back, as in a training step"),
+        typer.Option("--sustained", help="also time calls back to back, never pausing, as a training step keeps the GPU"),
     ] = False,
     kernels: Annotated[bool, typer.Option("--kernels", help="also profile single calls and print their kernels")] = False,
     gpus: Annotated[

@@ -94,7 +94,7 @@ PUBLIC_EVALUATOR_FOLDER = "public-evaluator"
 
 def _optional_mean(timing: MixedTokensTiming | SustainedTiming | None) -> float:
     """The mean of a timing bench makes when asked (--mixed-tokens: call latency with T changing every call;
-    --sustained: device time after calls back to back); NaN where not timed or failed."""
+    --sustained: time per call with the calls back to back); NaN where not timed or failed."""
     return timing.timing.mean_us if timing and timing.timing else math.nan
 
 
@@ -138,8 +138,8 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (device, suite, solution), ranked by workloads passed, then by mean call latency: call-latency
     aggregates, %SOL and speedup over the passed workloads only (a failed workload's time is no result), S over all
     (a failed workload scores 0), then the mean device time, its S, the mean host cost, the public evaluator's mean
-    latency, the mean call latency with T changing every call (bench --mixed-tokens) and the mean device time after
-    calls back to back (bench --sustained). A solution that failed any workload says how many in `failed`."""
+    latency, the mean call latency with T changing every call (bench --mixed-tokens) and the mean time per call with
+    the calls back to back (bench --sustained). A solution that failed any workload says how many in `failed`."""
     rows = []
     for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
         passed = group[group.status == Status.PASSED.value]

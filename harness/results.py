@@ -267,7 +267,7 @@ class BenchConfig(BaseModel):
     max_calls: int
     cuda_graph: bool = False
     mixed_tokens: bool = False
-    sustained_s: float = Field(0.0, description="seconds of calls back to back before the sustained timing; 0: none")
+    sustained_s: float = Field(0.0, description="the sustained timing's untimed seconds of calls at its start; 0: none")
     kernels: bool = False
     launch_audit: str = Field("off: not recorded", description="how GPU work issued outside the calls was looked for")
 

@@ -85,7 +85,7 @@ class BenchOptions:
     timing: TimingConfig = field(default_factory=TimingConfig)
     cuda_graph: bool = False  # also time the call captured in a CUDA graph and replayed
     mixed_tokens: bool = False  # also time calls whose T changes every call (results.MixedTokensTiming)
-    sustained_s: float = 0.0  # > 0: also the device time after this many seconds of calls (results.SustainedTiming)
+    sustained_s: float = 0.0  # > 0: also the calls back to back, the first this many seconds untimed (SustainedTiming)
     kernels: bool = False  # also record the GPU activity of single calls (torch.profiler)
 
 
@@ -837,7 +837,8 @@ class Bench:
         options.sustained_s seconds untimed. Before each call only grad_output is redrawn, which changes every output,
         and the outputs are not poisoned: redrawing every input and filling the outputs (about 3.5 GB of memory traffic
         per call at the public shapes, a millisecond) would put memory-bound work between the calls, most of the GPU's
-        time at T = 296, and hold it below its power limit. The sampled calls' outputs and those of the last call on each input set must match the reference."""
+        time at T = 296, and hold it below its power limit. The sampled calls' outputs and those of the last call on
+        each input set must match the reference."""
         settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False)
         base_seeds = [next(seeds) for _ in pool]
         for inputs, seed in zip(pool, base_seeds):
@@ -889,13 +890,13 @@ class Bench:
                                   f"(calls {', '.join(map(str, poisoned[:8]))}) although the trials passed")  # fmt: skip
                 return
         for checked in last:
-            mutated = guards.mutated_inputs(generate_inputs(workload.dims, checked.seed, self.device), checked.inputs)
+            mutated = guards.mutated_inputs(checked.drawn_inputs(workload.dims, self.device), checked.inputs)
             if mutated:
                 result.status = Status.REWARD_HACK
                 result.message = f"inputs modified during timing (seed {checked.seed}): {', '.join(mutated)}"
                 return
         for checked in [*device_checks.kept, *latency_checks.kept, *last]:
-            inputs = generate_inputs(workload.dims, checked.seed, self.device)
+            inputs = checked.drawn_inputs(workload.dims, self.device)
             checks, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
             if status is not Status.PASSED:
                 if any(_grossly_wrong(check) for check in checks):
