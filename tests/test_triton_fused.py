@@ -79,6 +79,15 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
 
 
+def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:
+    """tools/plan_ab.py --sustained: the harness's back-to-back timer, its settle calls untimed."""
+    plan_ab = plan_ab_tool()
+    calls: list[int] = []
+    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
+    assert plan_ab.sustained_us(lambda: calls.append(1), "cpu", config) > 0
+    assert len(calls) >= 4 + 1  # the timed calls and one settle call at least
+
+
 def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
     """tools/plan_ab.py's summary: the plan's mean and rounds, and each variant's also minus the plan's, round by round."""
     lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]})

@@ -14,8 +14,9 @@ between machines or processes do not enter. Each variant's outputs are compared 
 difference relative to the largest magnitude, per output; a placement of stages must give 0). Then, after --settle
 seconds of untimed calls of the plans in turn, every plan is timed REPS times, in alternating order, by the harness's
 CUDA-event timer (L2 flushed before each call, a GPU spin ahead of each batch, so the host's launch time stays outside
-the events), or with --latency by its call-latency timer (the device idle at each call's start, every call's tensors
-copied to addresses of their own, as `harness bench` times the headline); the printout gives each variant's difference
+the events), with --latency by its call-latency timer (the device idle at each call's start, every call's tensors
+copied to addresses of their own, as `harness bench` times the headline), or with --sustained by its back-to-back
+timer (no pause between calls, the GPU at the clock its power limit allows, as in a training step); the printout gives each variant's difference
 from the plan round by round (`summary`). Each invocation appends a provenance header and then its rows to --out (JSON
 lines), so several invocations can share one file.
 """
@@ -36,8 +37,8 @@ import torch
 
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
-from harness.runner import allocate_outputs
-from harness.timing import FreshAddresses, TimingConfig, keep_busy, time_call_latency, time_device
+from harness.runner import SUSTAINED_SETTLE_S, allocate_outputs
+from harness.timing import FreshAddresses, TimingConfig, keep_busy, time_call_latency, time_device, time_sustained
 from harness.workloads import Workload, load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
@@ -53,6 +54,12 @@ WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its c
 def gpu_time_us(fn, config: TimingConfig = TIMING) -> float:
     """Mean of the harness's CUDA-event timer over calls of fn on one input set."""
     return time_device(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
+
+
+def sustained_us(fn, device: str = "cuda", config: TimingConfig = TIMING) -> float:
+    """Mean time per call of fn by the harness's back-to-back timer (no pause between calls), after SUSTAINED_SETTLE_S
+    seconds of its untimed calls."""
+    return time_sustained(lambda _: fn(), lambda _: None, 1, torch.device(device), config, SUSTAINED_SETTLE_S)[0].mean_us
 
 
 def latency_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIMING) -> float:
@@ -173,7 +180,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     add_shared_arguments(parser, "plan_ab.jsonl")
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--latency", action="store_true", help="time call latency at fresh addresses, not device time")
+    timers = parser.add_mutually_exclusive_group()
+    timers.add_argument("--latency", action="store_true", help="time call latency at fresh addresses, not device time")
+    timers.add_argument("--sustained", action="store_true", help="time calls back to back, never pausing")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of untimed calls of the plans before each workload's first round")  # fmt: skip
     args = parser.parse_args()
@@ -203,6 +212,8 @@ def main() -> None:
                 for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
                     if args.latency:
                         us = latency_us(functools.partial(module.backward, plan=plan), arguments)
+                    elif args.sustained:
+                        us = sustained_us(functools.partial(module.backward, *arguments, plan=plan))
                     else:
                         us = gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
                     times[name].append(us)
@@ -212,7 +223,7 @@ def main() -> None:
                         "T": dims.num_tokens,
                         "variant": name,
                         "rep": rep,
-                        "timer": "call_latency" if args.latency else "device",
+                        "timer": "call_latency" if args.latency else "sustained" if args.sustained else "device",
                         "us": us,
                     }
                     handle.write(json.dumps(row) + "\n")
