@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 from rich.console import Console
 
 from harness import compare as comparing
+from harness import timing
 from harness.cli import workload_table
 from harness.registry import get_solution
 from harness.results import LateWork, TimingStats, save
@@ -169,6 +171,46 @@ def test_keep_busy_makes_the_calls_in_turn_until_its_time_is_up() -> None:
     made.clear()
     count = keep_busy(calls, 0.05, torch.device("cpu"))
     assert count == len(made) >= 4 and made[:4] == ["a", "b", "a", "b"]
+
+
+class _FakeEvent:
+    """A CUDA event on the CPU: its number in the order of recording; a call whose start event's number is a multiple
+    of 4 takes 1 ms, any other 3 ms (no timing of a few calls converges)."""
+
+    recorded: ClassVar[list[_FakeEvent]] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.number = -1
+
+    def record(self) -> None:
+        self.number = len(self.recorded)
+        self.recorded.append(self)
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return 1.0 if self.number % 4 == 0 else 3.0
+
+
+def test_sustained_timing_never_waits_for_the_latest_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time_sustained's GPU path with the CUDA calls faked: the host only ever waits for a batch's end event once
+    BATCHES_AHEAD later batches are queued (until the last, drained), and every call after the settle calls is timed."""
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(_FakeEvent, "recorded", [])
+    issued: list[int] = []  # calls issued, by the host's order
+    waits: list[tuple[int, int]] = []  # (calls issued when the host waited, the call whose end event it waited for)
+    monkeypatch.setattr(timing, "L2Flusher", lambda device: lambda: None)
+    monkeypatch.setattr(timing, "_event_synchronize", lambda event: waits.append((len(issued), event.number // 2)))
+    monkeypatch.setattr(timing, "device_wait_after", lambda event: 0.0)
+    monkeypatch.setattr(timing, "_idle_wait", lambda: 0.0)
+    config = TimingConfig(min_calls=4, max_calls=20, batch_calls=2)
+    made: list[int] = []
+    stats, settled = timing.time_sustained(lambda k: issued.append(k), lambda k: None, 3, torch.device("cuda"), config,
+                                           0.01, made.append)  # fmt: skip
+    assert made == list(range(len(issued))) and issued == [i % 3 for i in range(len(issued))]
+    assert len(issued) == settled + stats.n and stats.n == config.max_calls and stats.mean_us == 2000.0
+    ahead = timing.BATCHES_AHEAD * config.batch_calls
+    drained = [waited for count, waited in waits if count == len(issued)]
+    assert all(count - (waited + 1) >= ahead for count, waited in waits if count < len(issued))
+    assert len(drained) == timing.BATCHES_AHEAD + 1  # the timed batches still queued when the issuing stopped
 
 
 @pytest.mark.gpu
