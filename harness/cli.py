@@ -249,7 +249,7 @@ def bench(
     """
     from harness.isolation import RunPlan, Timeouts
     from harness.launch_audit import LaunchAudit
-    from harness.parallel import device_slots, run_local, run_ray
+    from harness.parallel import Interrupted, device_slots, run_local, run_ray
     from harness.runner import SUSTAINED_SETTLE_S, Bench, BenchOptions, Scorer, run_side_by_side
 
     dev = pick_device(device)
@@ -305,6 +305,7 @@ def bench(
             console.print(f"[yellow]{escape(reason)}: every workload is SKIPPED.[/yellow]", highlight=False)
 
     label = ", ".join(sol.name for sol in solutions)
+    interrupted = False
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -326,11 +327,20 @@ def bench(
             except ValueError as exc:
                 fail(str(exc))
         elif isolation:
-            results = list(run_local(plan, devices).values())
+            try:
+                results = list(run_local(plan, devices).values())
+            except Interrupted as stop:
+                # what finished is kept, as a run over part of the suite: it never replaces a full run's file
+                results = [result for result in stop.results.values() if result.workloads]
+                paths = {r.solution.name: result_path(results_dir, provenance.device_slug(dev), r.solution.name, True,
+                                                      chosen_suite.name) for r in results}  # fmt: skip
+                interrupted = True
         else:
             results = run_side_by_side(benches, chosen_suite, chosen, lambda bench, result: advance(bench.solution.name, result))
 
-    failed = False
+    failed = interrupted
+    if interrupted:
+        errors.print(f"[yellow]interrupted: the workloads that finished are written to {len(results)} partial files[/yellow]")
     for result in results:
         path = paths[result.solution.name]
         written = f"written to {path}"

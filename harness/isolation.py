@@ -104,6 +104,7 @@ class Worker:
         self._process: subprocess.Popen | None = None
         self._first_result_pending = True
         self._setup_problem: tuple[Status, str] | None = None
+        self._stopped = False  # by stop(): no process is started again
 
     # -- process management -------------------------------------------------------------------------
     def _spawn(self) -> None:
@@ -188,6 +189,8 @@ class Worker:
             self.busy_seconds += time.perf_counter() - started
 
     def _workload(self, workload: Workload, index: int, baseline: Baseline | None, scorer: Scorer) -> WorkloadResult:
+        if self._stopped:
+            return scorer.base(workload, index, Status.RUNTIME_ERROR, "the run was stopped before this workload")
         if self._process is None and self._setup_problem is None:
             self._spawn()
         if self._setup_problem is not None:
@@ -212,8 +215,16 @@ class Worker:
         self._kill()  # a fresh worker takes the next workload
         return scorer.base(workload, index, status, message)
 
+    def stop(self) -> None:
+        """Kills the worker process, whatever it is doing, for good (a run stopped by a signal): its job ends without a
+        result, and no process is started again."""
+        self._stopped = True
+        self._kill()
+
     def finish(self) -> BenchResult | None:
         """The worker's summary (provenance, config); None if no worker could give one."""
+        if self._stopped:
+            return None
         if self._process is None and self._setup_problem is None:
             self._spawn()
         if self._process is not None:

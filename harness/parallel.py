@@ -14,15 +14,22 @@ Each workload of a solution is measured whole (trials and timings) on one device
 (`devices`). The results merge into the same files as a one-device run, in suite order; T_b comes from the
 baseline's results of the same run (or its committed file), filled in once every job is done, since the
 baseline's job for a workload may finish after another solution's.
+
+A local run stopped by SIGINT or SIGTERM (a scheduler's time limit) kills its workers and raises Interrupted with the
+results of the workloads that finished before the signal, for the caller to write as a partial run: a run cut short
+loses only the workloads it was measuring.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -108,6 +115,31 @@ def device_slots(requested: str, device_type: str) -> list[Slot]:
     return [Slot("cuda", ids[i]) for i in range(count)]
 
 
+class Interrupted(Exception):
+    """A run stopped by a signal: `results` holds each solution's workloads that finished before it (merge)."""
+
+    def __init__(self, results: dict[str, BenchResult]):
+        super().__init__("interrupted")
+        self.results = results
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread for the duration, as SIGINT does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
     """The jobs on one worker thread per device slot (see the module's docstring)."""
     jobs: queue.Queue[Job] = queue.Queue()
@@ -115,6 +147,8 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
         jobs.put(job)
     collected = Collected(plan)
     failures: list[BaseException] = []
+    stopping = threading.Event()
+    live: list[Worker] = []  # every worker started, for a signal to stop
 
     def slot(index: int, device: Slot) -> None:
         try:
@@ -124,7 +158,7 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
 
     def drive(index: int, device: Slot) -> None:
         workers: dict[str, Worker] = {}
-        while True:
+        while not stopping.is_set():
             try:
                 job = jobs.get_nowait()
             except queue.Empty:
@@ -132,9 +166,14 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
             worker = workers.get(job.solution)
             if worker is None:
                 worker = workers[job.solution] = Worker(job.solution, plan, device.device, device.visible_gpu)
+                live.append(worker)
+                if stopping.is_set():  # stopped while it was made: the signal's kills may have missed it
+                    return
                 worker.start()
             known = collected.baseline_of(job.workload)
             result = worker.workload(job.workload, job.index, known, plan.scorer.for_solution(job.solution))
+            if stopping.is_set():  # its worker was killed under it: no result
+                return
             result.device_index = index
             collected.result(job, result)
         for name, worker in workers.items():
@@ -142,10 +181,23 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
             worker.log.unlink(missing_ok=True)
 
     threads = [threading.Thread(target=slot, args=(i, device), daemon=True) for i, device in enumerate(devices)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        with _stopped_by_signals():
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(timeout=0.1)  # a join without a timeout would hold the signal back
+    except KeyboardInterrupt:
+        stopping.set()
+        for worker in live:
+            worker.stop()
+        for thread in threads:
+            if thread.ident is not None:  # started
+                thread.join()
+        for worker in live:
+            worker.log.unlink(missing_ok=True)
+        raise Interrupted(merge(plan, collected)) from None
     if failures:
         # A slot that broke took its jobs with it: a result file would lack them with nothing to say so.
         raise failures[0]

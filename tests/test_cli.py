@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -161,6 +162,23 @@ def test_a_failed_sustained_timing_is_named_with_its_error(tmp_path: Path, make_
     assert result.exit_code == 0, result.output
     assert "passed 1/1" in result.output and "sustained" in result.output and "failed" in result.output
     assert "#0 smoke-t1-b1 sustained: outputs of timed calls (seed " in result.output
+
+
+def test_an_interrupted_bench_writes_what_finished_as_a_partial_run(tmp_path: Path, monkeypatch) -> None:
+    """A run stopped by a signal (parallel.Interrupted) writes the finished workloads to partial/, never over a full
+    run's file, says so and exits 1."""
+    from harness import parallel
+
+    finish = parallel.run_local
+
+    def stopped(plan, devices):
+        raise parallel.Interrupted(finish(replace(plan, workloads=plan.workloads[:1]), devices))
+
+    monkeypatch.setattr(parallel, "run_local", stopped)
+    result = invoke("bench", "-s", "torch_eager", "--trials", "1", "--max-calls", "4", "--results-dir", str(tmp_path))
+    assert result.exit_code == 1 and "interrupted: the workloads that finished" in result.output
+    assert json.loads((tmp_path / "cpu" / "partial" / "torch_eager.json").read_text())["workloads"][0]["index"] == 0
+    assert not (tmp_path / "cpu" / "torch_eager.json").exists()
 
 
 def test_side_by_side_bench_writes_one_file_per_solution(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ one-worker run's apart from timings and provenance, on CPU workers (local proces
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 from harness import parallel
 from harness.isolation import RunPlan
-from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
+from harness.parallel import Interrupted, Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR
 from harness.runner import BenchOptions, Scorer
 from harness.timing import TimingConfig
@@ -107,3 +109,35 @@ def test_a_slot_that_breaks_fails_the_run(tmp_path: Path, monkeypatch) -> None:
     plan = RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:2], Scorer(CPU, tmp_path))
     with pytest.raises(RuntimeError, match="could not start"):
         run_local(plan, [Slot("cpu"), Slot("cpu")])
+
+
+# Right at once on T = 1 (smoke workload 0), and a minute long elsewhere: a run stopped during its second workload.
+SLOW_AFTER_THE_FIRST = """
+import time
+from reference import reference_backward
+
+def run(*tensors):
+    if tensors[1].numel() > 1:
+        time.sleep(60)
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_a_signal_stops_the_run_and_keeps_what_finished(tmp_path: Path, make_solution) -> None:
+    """SIGTERM during a run (a scheduler's time limit): the workers are killed at once, and the workloads that finished
+    come back as results, the one being measured left out."""
+    root = make_solution("slow_after_the_first", SLOW_AFTER_THE_FIRST)
+
+    def on_done(solution: str, result) -> None:
+        signal.raise_signal(signal.SIGTERM)  # from the slot's thread, as a signal from outside reaches the main one
+
+    plan = RunPlan(["slow_after_the_first"], root, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:3], Scorer(CPU, tmp_path),
+                   on_done=on_done)  # fmt: skip
+    before, started = signal.getsignal(signal.SIGTERM), time.monotonic()
+    with pytest.raises(Interrupted) as stopped:
+        run_local(plan, [Slot("cpu")])
+    assert time.monotonic() - started < 45
+    workloads = stopped.value.results["slow_after_the_first"].workloads
+    assert [(w.index, w.status.value) for w in workloads] == [(0, "PASSED")]
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
