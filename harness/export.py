@@ -181,7 +181,7 @@ class RecordWorkload(BaseModel):
     host_us: LatencyStats | None = Field(description="the solution's own host time to issue one call")
     mixed_tokens: list[int] = Field(description="the T of the mixed-T timing's calls; none where not timed")
     mixed_tokens_latency_us: LatencyStats | None = Field(description="call latency with T changing every call")
-    sustained_device_time_us: LatencyStats | None = Field(description="device time after calls back to back")
+    sustained_device_time_us: LatencyStats | None = Field(description="time per call with the calls back to back")
     flags: list[str]
     percent_of_sol: float | None
     percent_of_sol_measured: float | None
