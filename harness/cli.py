@@ -249,8 +249,8 @@ def bench(
     """
     from harness.isolation import RunPlan, Timeouts
     from harness.launch_audit import LaunchAudit
-    from harness.parallel import Interrupted, device_slots, run_local, run_ray
-    from harness.runner import SUSTAINED_SETTLE_S, Bench, BenchOptions, Scorer, run_side_by_side
+    from harness.parallel import device_slots, run_local, run_ray
+    from harness.runner import SUSTAINED_SETTLE_S, Bench, BenchOptions, Interrupted, Scorer, run_side_by_side
 
     dev = pick_device(device)
     if suite is None:
@@ -321,22 +321,22 @@ def bench(
 
         plan = RunPlan([sol.name for sol in solutions], solutions_dir, options, results_dir, chosen_suite, chosen, scorer,
                        Timeouts(compile_s=compile_timeout, run_s=run_timeout), advance)  # fmt: skip
-        if backend == "ray":
-            try:
-                results = list(run_ray(plan, dev.type, ray_address).values())
-            except ValueError as exc:
-                fail(str(exc))
-        elif isolation:
-            try:
+        try:
+            if backend == "ray":
+                try:
+                    results = list(run_ray(plan, dev.type, ray_address).values())
+                except ValueError as exc:
+                    fail(str(exc))
+            elif isolation:
                 results = list(run_local(plan, devices).values())
-            except Interrupted as stop:
-                # what finished is kept, as a run over part of the suite: it never replaces a full run's file
-                results = [result for result in stop.results.values() if result.workloads]
-                paths = {r.solution.name: result_path(results_dir, provenance.device_slug(dev), r.solution.name, True,
-                                                      chosen_suite.name) for r in results}  # fmt: skip
-                interrupted = True
-        else:
-            results = run_side_by_side(benches, chosen_suite, chosen, lambda bench, result: advance(bench.solution.name, result))
+            else:
+                results = run_side_by_side(benches, chosen_suite, chosen, lambda b, result: advance(b.solution.name, result))
+        except Interrupted as stop:
+            # what finished is kept, as a run over part of the suite: it never replaces a full run's file
+            results = [result for result in stop.results.values() if result.workloads]
+            paths = {r.solution.name: result_path(results_dir, provenance.device_slug(dev), r.solution.name, True,
+                                                  chosen_suite.name) for r in results}  # fmt: skip
+            interrupted = True
 
     failed = interrupted
     if interrupted:

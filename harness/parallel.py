@@ -15,21 +15,18 @@ Each workload of a solution is measured whole (trials and timings) on one device
 baseline's results of the same run (or its committed file), filled in once every job is done, since the
 baseline's job for a workload may finish after another solution's.
 
-A local run stopped by SIGINT or SIGTERM (a scheduler's time limit) kills its workers and raises Interrupted with the
-results of the workloads that finished before the signal, for the caller to write as a partial run: a run cut short
-loses only the workloads it was measuring.
+A local run stopped by SIGINT or SIGTERM (a scheduler's time limit) kills its workers and raises runner.Interrupted
+with the results of the workloads that finished before the signal, for the caller to write as a partial run: a run
+cut short loses only the workloads it was measuring (a Ray run still loses them all).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +34,7 @@ import torch
 from harness import guards
 from harness.isolation import RunPlan, Worker
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
-from harness.runner import Baseline, Scorer
+from harness.runner import Baseline, Interrupted, Scorer, stopped_by_signals
 from harness.status import Status
 from harness.worker import bench_from_setup
 from harness.workloads import Suite, Workload
@@ -115,31 +112,6 @@ def device_slots(requested: str, device_type: str) -> list[Slot]:
     return [Slot("cuda", ids[i]) for i in range(count)]
 
 
-class Interrupted(Exception):
-    """A run stopped by a signal: `results` holds each solution's workloads that finished before it (merge)."""
-
-    def __init__(self, results: dict[str, BenchResult]):
-        super().__init__("interrupted")
-        self.results = results
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt in the main thread for the duration, as SIGINT does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
     """The jobs on one worker thread per device slot (see the module's docstring)."""
     jobs: queue.Queue[Job] = queue.Queue()
@@ -182,7 +154,7 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
 
     threads = [threading.Thread(target=slot, args=(i, device), daemon=True) for i, device in enumerate(devices)]
     try:
-        with _stopped_by_signals():
+        with stopped_by_signals():
             for thread in threads:
                 thread.start()
             for thread in threads:

@@ -23,10 +23,13 @@ issued by another thread, or by a process the solution started, while no call wa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import secrets
+import signal
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -998,6 +1001,31 @@ class TimedCall:
         return inputs
 
 
+class Interrupted(Exception):
+    """A run stopped by a signal: `results` holds each solution's workloads that finished before it (merge)."""
+
+    def __init__(self, results: dict[str, BenchResult]):
+        super().__init__("interrupted")
+        self.results = results
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread for the duration, as SIGINT does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_side_by_side(
     benches: list[Bench],
     suite: Suite,
@@ -1010,7 +1038,8 @@ def run_side_by_side(
     T_b for that workload at once. After each solution is loaded and after each workload the backstop: the check of the
     watched functions taken before any solution is loaded, held here where no solution can replace it
     (guards.patch_check). Run after each load, it puts back what one solution replaced before the next one takes its
-    snapshot of the harness, and marks the solution that did.
+    snapshot of the harness, and marks the solution that did. SIGINT or SIGTERM stops the run: Interrupted holds the
+    workloads that finished.
     """
     by_name = {bench.solution.name: bench for bench in benches}
     ordered = [by_name[name] for name in baseline_first(by_name)]
@@ -1020,14 +1049,18 @@ def run_side_by_side(
         replaced = patched()  # before the method is looked up: it puts back a replaced one
         bench.mark_patched_when_loaded(replaced)
     results: dict[str, list[WorkloadResult]] = {bench.solution.name: [] for bench in ordered}
-    for workload in workloads:
-        for bench in ordered:
-            result = bench.workload(suite, workload)
-            replaced = patched()  # before any harness code is looked up again: it puts back what was replaced
-            result = bench.mark_patched(result, replaced)
-            results[bench.solution.name].append(result)
-            if bench.solution.name == BASELINE_SOLUTION and result.latency_us is not None:
-                for other in ordered:
-                    other.baseline[workload.uuid] = Baseline.of(result)
-            on_done(bench, result)
+    try:
+        with stopped_by_signals():
+            for workload in workloads:
+                for bench in ordered:
+                    result = bench.workload(suite, workload)
+                    replaced = patched()  # before any harness code is looked up again: it puts back what was replaced
+                    result = bench.mark_patched(result, replaced)
+                    results[bench.solution.name].append(result)
+                    if bench.solution.name == BASELINE_SOLUTION and result.latency_us is not None:
+                        for other in ordered:
+                            other.baseline[workload.uuid] = Baseline.of(result)
+                    on_done(bench, result)
+    except KeyboardInterrupt:
+        raise Interrupted({bench.solution.name: bench.finish(suite, results[bench.solution.name]) for bench in benches}) from None
     return [bench.finish(suite, results[bench.solution.name]) for bench in benches]

@@ -165,14 +165,15 @@ def test_a_failed_sustained_timing_is_named_with_its_error(tmp_path: Path, make_
 
 
 def test_an_interrupted_bench_writes_what_finished_as_a_partial_run(tmp_path: Path, monkeypatch) -> None:
-    """A run stopped by a signal (parallel.Interrupted) writes the finished workloads to partial/, never over a full
+    """A run stopped by a signal (runner.Interrupted) writes the finished workloads to partial/, never over a full
     run's file, says so and exits 1."""
     from harness import parallel
+    from harness.runner import Interrupted
 
     finish = parallel.run_local
 
     def stopped(plan, devices):
-        raise parallel.Interrupted(finish(replace(plan, workloads=plan.workloads[:1]), devices))
+        raise Interrupted(finish(replace(plan, workloads=plan.workloads[:1]), devices))
 
     monkeypatch.setattr(parallel, "run_local", stopped)
     result = invoke("bench", "-s", "torch_eager", "--trials", "1", "--max-calls", "4", "--results-dir", str(tmp_path))

@@ -12,9 +12,9 @@ import torch
 
 from harness import parallel
 from harness.isolation import RunPlan
-from harness.parallel import Interrupted, Slot, device_slots, jobs_for, run_local, run_ray
-from harness.registry import SOLUTIONS_DIR
-from harness.runner import BenchOptions, Scorer
+from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
+from harness.registry import SOLUTIONS_DIR, get_solution
+from harness.runner import Bench, BenchOptions, Interrupted, Scorer, run_side_by_side
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 
@@ -141,3 +141,11 @@ def test_a_signal_stops_the_run_and_keeps_what_finished(tmp_path: Path, make_sol
     workloads = stopped.value.results["slow_after_the_first"].workloads
     assert [(w.index, w.status.value) for w in workloads] == [(0, "PASSED")]
     assert signal.getsignal(signal.SIGTERM) is before  # put back
+
+
+def test_a_signal_stops_a_run_in_one_process_and_keeps_what_finished(tmp_path: Path) -> None:
+    """--no-isolation: SIGTERM after the first workload stops the run there, its result kept."""
+    bench = Bench(get_solution("torch_eager"), CPU, OPTIONS, tmp_path)
+    with pytest.raises(Interrupted) as stopped:
+        run_side_by_side([bench], SMOKE, SMOKE.workloads[:3], lambda bench, result: signal.raise_signal(signal.SIGTERM))
+    assert [(w.index, w.status.value) for w in stopped.value.results["torch_eager"].workloads] == [(0, "PASSED")]
