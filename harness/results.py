@@ -154,7 +154,8 @@ class SustainedTiming(BaseModel):
     the GPU busy (timing.time_sustained): the calls rotate over the input sets, grad_output alone redrawn and the L2
     flushed before each, the first `settle_s` seconds of calls untimed. The device time pauses between batches, and a
     GPU whose load pauses stays below its power limit, near its boost clock; under continuous heavy work the limit
-    brings the clock down. Sampled calls and the last on each input set are checked against the reference (the outputs
+    brings the clock down. A solution whose host issues a call more slowly than the GPU runs it is timed at its host's
+    pace, as in a step. Sampled calls and the last on each input set are checked against the reference (the outputs
     are not poisoned); a failure leaves `error`."""
 
     settle_s: float
