@@ -22,7 +22,7 @@ outputs. After a warm-up, calls are taken in batches until the standard error of
 from a wall clock and are labelled as such.
 
 Both leave the GPU idle between calls or batches (the spin ahead of a batch idles all but one of its SMs), and an
-H200 whose load pauses is held below its power limit, at or near its boost clock. A training step keeps it busy: under
+H200 whose load pauses stays below its power limit, at or near its boost clock. A training step keeps it busy: under
 continuous heavy work the power limit brings the SM clock down within a fraction of a second. `time_sustained` times
 calls back to back with no pause at all, after a settle time of the same calls (`bench --sustained`).
 """
