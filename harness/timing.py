@@ -257,6 +257,20 @@ def time_device(
     return _time_cpu(call, prepare, input_sets, config, after)
 
 
+def _timed_call(
+    call: Callable[[int], None], prepare: Callable[[int], None], flush: L2Flusher, k: int, input_sets: int
+) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """Call k on input set k % input_sets, behind its prepare and an L2 flush (outside the window), between a start and
+    an end event on the current stream: how both queue-full timers issue a timed call."""
+    prepare(k % input_sets)
+    flush()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call(k % input_sets)
+    end.record()
+    return start, end
+
+
 def _time_cuda(
     call: Callable[[int], None],
     prepare: Callable[[int], None],
@@ -291,13 +305,7 @@ def _time_cuda(
         events = []
         torch.cuda._sleep(head_start_cycles)
         for _ in range(config.batch_calls):
-            prepare(k % input_sets)
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call(k % input_sets)
-            end.record()
-            events.append((start, end))
+            events.append(_timed_call(call, prepare, flush, k, input_sets))
             after(config.warmup_calls + k)
             k += 1
         # The batch's end, the harness's checks queued behind its last call included: what the device still runs
@@ -373,13 +381,7 @@ def time_sustained(
         nonlocal made
         events = []
         for _ in range(config.batch_calls):
-            prepare(made % input_sets)
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call(made % input_sets)
-            end.record()
-            events.append((start, end))
+            events.append(_timed_call(call, prepare, flush, made, input_sets))
             after(made)
             made += 1
         return events
