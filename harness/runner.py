@@ -863,8 +863,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
             return SustainedTiming(settle_s=settle_s, error="during the calls: " + _describe_exception(exc))
         for checked in [*checks.kept, *(c for c in last if c is not None and c.outputs)]:
-            inputs = checked.drawn_inputs(workload.dims, self.device)
-            _, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
+            _, status, detail = checked.verify(workload, self.device)
             if status is not Status.PASSED:
                 error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
                 return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, error=error)
@@ -899,8 +898,7 @@ class Bench:
                 result.message = f"inputs modified during timing (seed {checked.seed}): {', '.join(mutated)}"
                 return
         for checked in [*device_checks.kept, *latency_checks.kept, *last]:
-            inputs = checked.drawn_inputs(workload.dims, self.device)
-            checks, status, detail = check_outputs(workload, checked.outputs, compute_reference(inputs))
+            checks, status, detail = checked.verify(workload, self.device)
             if status is not Status.PASSED:
                 if any(_grossly_wrong(check) for check in checks):
                     result.status = Status.REWARD_HACK
@@ -999,6 +997,10 @@ class TimedCall:
         inputs = generate_inputs(dims, self.base_seed, device)
         redraw(inputs, "grad_output", self.seed)
         return inputs
+
+    def verify(self, workload: Workload, device: torch.device) -> tuple[list[OutputCheck], Status, str]:
+        """check_outputs of the call's outputs against the reference on its inputs drawn again."""
+        return check_outputs(workload, self.outputs, compute_reference(self.drawn_inputs(workload.dims, device)))
 
 
 class Interrupted(Exception):
