@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the H200 (the library's `device` tool): GPU tests, calibration, and one side-by-side bench
-# of the given solutions on the public suite, the mixed-T timing included, as the committed run.
+# of the given solutions on the public suite, the mixed-T and sustained timings included, as the committed run.
 # The log and a tarball of results/<device>/ come back in $OUT.
 # Usage (repo root, on the GPU machine): bash scripts/h200_session.sh SOLUTION[,SOLUTION...]
 set -uo pipefail
@@ -22,7 +22,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 python3 -m pytest -q -m gpu tests 2>&1 | tail -15 | tee -a "$log"
 python3 -m harness calibrate 2>&1 | tee -a "$log"
 start=$(date +%s)
-python3 -m harness bench --mixed-tokens --solution "$1" 2>&1 | tee -a "$log"
+python3 -m harness bench --mixed-tokens --sustained --solution "$1" 2>&1 | tee -a "$log"
 echo "side-by-side bench of $1: $(( $(date +%s) - start )) s wall" | tee -a "$log"
 python3 -m harness compare 2>&1 | tee -a "$log"
 tar -cf "$OUT/results.tar" results/*/*.json

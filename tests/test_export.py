@@ -119,6 +119,10 @@ def test_leaderboard_record_of_triton_fused() -> None:
     assert [w.mixed_tokens_latency_us.mean for w in record.workloads] == mixed
     assert record.aggregates["mean_mixed_tokens_latency_us"] == pytest.approx(sum(mixed) / 16)
     assert all(len(w.mixed_tokens) == MIXED_TOKEN_COUNTS and w.axes["num_tokens"] not in w.mixed_tokens for w in record.workloads)
+    sustained = [w.sustained.timing.mean_us for w in result.workloads]  # and the sustained timing
+    assert [w.sustained_device_time_us.mean for w in record.workloads] == sustained
+    assert record.aggregates["mean_sustained_device_time_us"] == pytest.approx(sum(sustained) / 16)
+    assert all(w.sustained_device_time_us.mean >= w.device_time_us.mean * 0.95 for w in record.workloads)
     assert record.problem["alias"] == "009_expert_token_scatter_with_weighted_forward_backward"
     assert record.protocol["harness_commit"] == result.provenance.git_commit
     assert record.protocol["launch_audit"].startswith("cupti-python")  # the committed run was launch-audited
