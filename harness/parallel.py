@@ -15,9 +15,9 @@ Each workload of a solution is measured whole (trials and timings) on one device
 baseline's results of the same run (or its committed file), filled in once every job is done, since the
 baseline's job for a workload may finish after another solution's.
 
-A local run stopped by SIGINT or SIGTERM (a scheduler's time limit) kills its workers and raises runner.Interrupted
-with the results of the workloads that finished before the signal, for the caller to write as a partial run: a run
-cut short loses only the workloads it was measuring (a Ray run still loses them all).
+A run stopped by SIGINT or SIGTERM (a scheduler's time limit) kills its workers, or cancels its Ray tasks, and raises
+runner.Interrupted with the results of the workloads that finished before the signal, for the caller to write as a
+partial run: a run cut short loses only the workloads it was measuring.
 """
 
 from __future__ import annotations
@@ -230,19 +230,26 @@ def run_ray(plan: RunPlan, device_type: str, address: str | None = None) -> dict
     waiting = jobs_for(plan.solutions, plan.suite, plan.workloads)
     pending: dict[object, tuple[Job, float]] = {}
     limit = plan.timeouts.compile_s + plan.timeouts.run_s
-    while waiting or pending:
-        while waiting and len(pending) < slots:
-            job = waiting.pop(0)
-            pending[task.remote(plan.setup(job.solution, device_type), job.workload.uuid)] = (job, time.perf_counter())
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-        now = time.perf_counter()
-        for ref in ready or [r for r, (_, started) in pending.items() if now - started > limit]:
-            job = pending.pop(ref)[0]
-            result = _ray_result(ray, ref, job, plan.scorer, limit, ready)
-            if isinstance(result, BenchResult):
-                collected.summary(job.solution, result, result.duration_s)
-                result = result.workloads[0]
-            collected.result(job, result)
+    try:
+        with stopped_by_signals():
+            while waiting or pending:
+                while waiting and len(pending) < slots:
+                    job = waiting.pop(0)
+                    ref = task.remote(plan.setup(job.solution, device_type), job.workload.uuid)
+                    pending[ref] = (job, time.perf_counter())
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                now = time.perf_counter()
+                for ref in ready or [r for r, (_, started) in pending.items() if now - started > limit]:
+                    job = pending.pop(ref)[0]
+                    result = _ray_result(ray, ref, job, plan.scorer, limit, ready)
+                    if isinstance(result, BenchResult):
+                        collected.summary(job.solution, result, result.duration_s)
+                        result = result.workloads[0]
+                    collected.result(job, result)
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise Interrupted(merge(plan, collected)) from None
     return merge(plan, collected)
 
 

@@ -145,6 +145,26 @@ def test_a_signal_stops_the_run_and_keeps_what_finished(tmp_path: Path, make_sol
     assert signal.getsignal(signal.SIGTERM) is before  # put back
 
 
+def test_a_signal_stops_a_ray_run_and_keeps_what_finished(tmp_path: Path, make_solution) -> None:
+    """SIGTERM during a Ray run: its tasks still running are cancelled, the finished workloads come back as results."""
+    ray = pytest.importorskip("ray")
+    root = make_solution("slow_after_the_first", SLOW_AFTER_THE_FIRST)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        chosen = [SMOKE.workloads[i] for i in (0, 2, 3)]
+        plan = RunPlan(["slow_after_the_first"], root, OPTIONS, tmp_path, SMOKE, chosen, Scorer(CPU, tmp_path),
+                       on_done=lambda solution, result: signal.raise_signal(signal.SIGTERM))  # fmt: skip
+        before, started = signal.getsignal(signal.SIGTERM), time.monotonic()
+        with pytest.raises(Interrupted) as stopped:
+            run_ray(plan, "cpu")
+        assert time.monotonic() - started < 45
+        assert signal.getsignal(signal.SIGTERM) is before  # put back
+    finally:
+        ray.shutdown()
+    workloads = stopped.value.results["slow_after_the_first"].workloads
+    assert [(w.index, w.status.value) for w in workloads] == [(0, "PASSED")]
+
+
 def test_a_signal_stops_a_run_in_one_process_and_keeps_what_finished(tmp_path: Path) -> None:
     """--no-isolation: SIGTERM after the first workload stops the run there, its result kept."""
     bench = Bench(get_solution("torch_eager"), CPU, OPTIONS, tmp_path)
