@@ -416,7 +416,7 @@ SuiteOption = Annotated[
 
 
 BY_WORKLOAD_VALUES = (
-    "latency_us", "device_us", "host_us", "floor_us", "public_us", "mixed_us", "pct_sol", "pct_sol_measured",
+    "latency_us", "device_us", "host_us", "floor_us", "public_us", "mixed_us", "sustained_us", "pct_sol", "pct_sol_measured",
     "sol_score", "device_sol_score",
 )  # fmt: skip
 

@@ -401,6 +401,8 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
         "solution == 'triton_fused'").public_us.mean(), abs=0.1)  # fmt: skip
     # several values per workload: a column per solution and value, the values in the order asked
     wide = invoke("compare", "--results-dir", str(tmp_path), "-s", "triton_fused", "--by-workload", "--value",
-                  "latency_us,public_us", "--format", "csv")  # fmt: skip
-    columns = pd.read_csv(io.StringIO(wide.output)).columns
-    assert list(columns[-2:]) == ["triton_fused latency_us", "triton_fused public_us"]
+                  "latency_us,public_us,sustained_us", "--format", "csv")  # fmt: skip
+    rows = pd.read_csv(io.StringIO(wide.output))
+    assert list(rows.columns[-3:]) == ["triton_fused latency_us", "triton_fused public_us", "triton_fused sustained_us"]
+    frame = comparing.load_frame(tmp_path).query("solution == 'triton_fused'")
+    assert rows["triton_fused sustained_us"].tolist() == pytest.approx(frame.sustained_us.tolist(), abs=0.1)
