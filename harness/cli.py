@@ -398,12 +398,16 @@ def list_cmd(
 
 
 def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
-    frame = comparing.load_frame(results_dir, device, solutions, suite)
+    """The result frame of the chosen solutions (names repeated or joined by commas, as bench takes them); a solution
+    asked for without results is an error, not a row left out."""
+    names = [name.strip() for joined in solutions or [] for name in joined.split(",") if name.strip()] or None
+    frame = comparing.load_frame(results_dir, device, names, suite)
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
-    if frame.empty:
+    missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
+    if frame.empty or missing:
         fail(
-            f"no result files under {results_dir}"
+            f"no {'results of ' + ', '.join(missing) if missing else 'result files'} under {results_dir}"
             + (f" for device {device}" if device else "")
             + (f" for suite {suite}" if suite else "")
         )
@@ -412,6 +416,9 @@ def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[
 
 SuiteOption = Annotated[
     Optional[str], typer.Option(help="result files of this suite (results/<device>/<suite>/); default: each device's own suite")
+]
+SolutionsOption = Annotated[
+    Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions, joined by commas or repeated")
 ]
 
 
@@ -425,7 +432,7 @@ BY_WORKLOAD_VALUES = (
 def compare_cmd(
     results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
     device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
-    solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
+    solution: SolutionsOption = None,
     by_workload: Annotated[bool, typer.Option("--by-workload", help="one row per workload, one column per solution")] = False,
     value: Annotated[
         str, typer.Option(help=f"with --by-workload, one or several joined by commas: {', '.join(BY_WORKLOAD_VALUES)}")
@@ -448,7 +455,7 @@ def compare_cmd(
             fmt,
             "Solutions, us (latency: call latency, synchronised per call at fresh addresses; device: queue kept full; host: "
             "the solution's own issue time; S: SOL score, 0 for a failed workload; vs fp32: speed-up over reference_fp32; "
-            "mixed T: call latency with T changing every call)",
+            "mixed T: call latency with T changing every call; sustained: the calls back to back, never pausing)",
             console,
         )
 
@@ -457,7 +464,7 @@ def compare_cmd(
 def plot(
     results_dir: Annotated[Path, typer.Option(help="folder of result files")] = RESULTS_DIR,
     device: Annotated[Optional[str], typer.Option(help="only this device folder, e.g. nvidia-h200")] = None,
-    solution: Annotated[Optional[list[str]], typer.Option("--solution", "-s", help="only these solutions; repeatable")] = None,
+    solution: SolutionsOption = None,
     out: Annotated[Path, typer.Option(help="folder for the PNG files")] = Path("figures"),
     suite: SuiteOption = None,
 ) -> None:

@@ -126,6 +126,14 @@ def test_compare_without_results(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "no result files" in result.output
 
 
+def test_compare_takes_solutions_joined_by_commas_and_names_the_missing() -> None:
+    both = invoke("compare", "-s", "triton_fused,torch_cublas", "--format", "csv")
+    assert both.exit_code == 0 and set(pd.read_csv(io.StringIO(both.output)).solution) == {"triton_fused", "torch_cublas"}
+    for args in (["-s", "triton_fused,nope"], ["-s", "triton_fused", "-s", "nope"]):
+        result = invoke("compare", *args, "--device", "nvidia-h200")
+        assert result.exit_code == 2 and "no results of nope under" in " ".join(result.output.split())
+
+
 def test_cuda_only_solution_is_reported_skipped(tmp_path: Path, make_solution) -> None:
     root = make_solution("gpu_only", "def run(*tensors):\n    raise AssertionError('never called on CPU')\n", devices="[cuda]")
     result = invoke("bench", "-s", "gpu_only", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
