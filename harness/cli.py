@@ -517,7 +517,8 @@ def export_cmd(
                 save(record, output)
                 written = [output]
             else:
-                written = write_sol_execbench(result, sol, load_named_suite(result.config.suite), output, partial)
+                suite = load_named_suite(result.config.suite)
+                written = write_sol_execbench(result, sol, suite, results_dir, path.parent.name, output, partial)
     except (ExportError, *USER_ERRORS) as exc:
         fail(str(exc))
     for written_path in written:

@@ -12,6 +12,7 @@ import importlib.metadata
 import math
 from pathlib import Path
 
+import pandas as pd
 from pydantic import BaseModel, Field
 
 from harness import __version__
@@ -214,15 +215,21 @@ def _worst_errors(w: WorkloadResult) -> tuple[float | None, float | None]:
     return worst.max_abs_error, worst.max_rel_error
 
 
+def _compared(result: BenchResult, results_dir: Path, device_slug: str) -> pd.DataFrame:
+    """The result's rows as compare has them: its baseline latency and S from the baseline's current file, not the
+    one the bench met (a baseline benched after the solution, in another run, scores it here as in compare)."""
+    frame = load_frame(results_dir, device_slug)  # the baseline's rows too, which score the others
+    return frame[(frame.suite == result.config.suite) & (frame.solution == result.solution.name)]
+
+
 def leaderboard_record(
     result: BenchResult, solution: Solution, results_dir: Path, device_slug: str, partial: bool
 ) -> LeaderboardRecord:
     _require_complete(result, partial)
     sources = measured_sources(result, solution)
-    frame = load_frame(results_dir, device_slug, None)
-    frame = frame[frame.suite == result.config.suite]
-    row = summary(frame[frame.solution == result.solution.name]).iloc[0]
-    scores = frame[frame.solution == result.solution.name].set_index("uuid")["sol_score"]
+    compared = _compared(result, results_dir, device_slug)
+    row = summary(compared).iloc[0]
+    scores = compared.set_index("uuid")
     prov = result.provenance
     workloads = []
     for w in result.workloads:
@@ -246,8 +253,8 @@ def leaderboard_record(
                 flags=list(w.flags),
                 percent_of_sol=w.percent_of_sol,
                 percent_of_sol_measured=w.percent_of_sol_measured,
-                sol_score=_finite(float(scores.get(w.uuid, math.nan))),
-                device_sol_score=w.device_sol_score,
+                sol_score=_finite(float(scores.sol_score.get(w.uuid, math.nan))),
+                device_sol_score=_finite(float(scores.device_sol_score.get(w.uuid, math.nan))),
                 max_abs_error=max_abs,
                 max_rel_error=max_rel,
             )
@@ -316,7 +323,7 @@ def leaderboard_record(
 # -- SOL-ExecBench --------------------------------------------------------------------------------------
 
 
-def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> TraceLine:
+def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult, baseline_us: float) -> TraceLine:
     # SOL-ExecBench has no statuses for a time under the roofline or a skipped workload.
     status = {Status.INVALID_TIMING: "REWARD_HACK", Status.SKIPPED: "RUNTIME_ERROR"}.get(w.status, w.status.value)
     max_abs, max_rel = _worst_errors(w)
@@ -333,9 +340,9 @@ def _trace(w: WorkloadResult, workload: WorkloadLine, result: BenchResult) -> Tr
     )
     performance = None
     log = w.message
-    if status == "PASSED" and w.latency_us is not None and w.baseline_us is not None:
+    if status == "PASSED" and w.latency_us is not None and math.isfinite(baseline_us):
         performance = Performance(
-            latency_ms=w.latency_us / 1e3, reference_latency_ms=w.baseline_us / 1e3, speedup_factor=w.baseline_us / w.latency_us
+            latency_ms=w.latency_us / 1e3, reference_latency_ms=baseline_us / 1e3, speedup_factor=baseline_us / w.latency_us
         )
         log = (
             f"latency_ms: mean call latency ({TIMING_METHODS['latency_us']}); device time with the queue kept full "
@@ -376,10 +383,13 @@ def extra_requirements(extra: str | None) -> list[str]:
     return requirements
 
 
-def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, out_dir: Path, partial: bool) -> list[Path]:
+def write_sol_execbench(
+    result: BenchResult, solution: Solution, suite: Suite, results_dir: Path, device_slug: str, out_dir: Path, partial: bool
+) -> list[Path]:
     """definition.json, workload.jsonl, solution.json and traces.jsonl under out_dir."""
     _require_complete(result, partial)
     sources = measured_sources(result, solution)
+    baselines = _compared(result, results_dir, device_slug).set_index("uuid").baseline_us
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = {w.uuid: WorkloadLine.from_workload(w) for w in suite.workloads}
     spec = solution.spec
@@ -401,7 +411,8 @@ def write_sol_execbench(result: BenchResult, solution: Solution, suite: Suite, o
             ),
         ).model_dump_json(indent=1),
         "traces.jsonl": "".join(
-            _trace(w, lines[w.uuid], result).model_dump_json(exclude_none=True) + "\n" for w in result.workloads
+            _trace(w, lines[w.uuid], result, float(baselines.get(w.uuid, math.nan))).model_dump_json(exclude_none=True) + "\n"
+            for w in result.workloads
         ),
     }
     written = []

@@ -16,6 +16,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from harness.compare import load_frame
 from harness.export import ExportError, bundled_reference_source, exported_sources, leaderboard_record, write_sol_execbench
 from harness.provenance import REPO_ROOT
 from harness.registry import discover, get_solution
@@ -127,6 +128,10 @@ def test_leaderboard_record_of_triton_fused() -> None:
     assert record.protocol["harness_commit"] == result.provenance.git_commit
     assert record.protocol["launch_audit"].startswith("cupti-python")  # the committed run was launch-audited
     assert len(record.workloads) == 16 and all(0.5 < w.sol_score <= 1 for w in record.workloads)
+    scores = load_frame(RESULTS_DIR, H200).query("solution == 'triton_fused'")  # both scores as compare's
+    assert [(w.sol_score, w.device_sol_score) for w in record.workloads] == pytest.approx(
+        list(zip(scores.sol_score, scores.device_sol_score))
+    )
     assert {s["path"] for s in record.implementation["sources"]} == set(result.solution.source_sha256)
     assert record.environment["gpu"] == "NVIDIA H200"
 
@@ -160,7 +165,9 @@ def test_changed_code_is_refused_and_a_comment_fix_is_not(tmp_path: Path, edit: 
 
 def test_sol_execbench_export(tmp_path: Path) -> None:
     result = h200_result("triton_fused")
-    written = write_sol_execbench(result, get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False)
+    written = write_sol_execbench(
+        result, get_solution("triton_fused"), load_named_suite("public"), RESULTS_DIR, H200, tmp_path, partial=False
+    )
     assert sorted(p.name for p in written) == ["definition.json", "solution.json", "traces.jsonl", "workload.jsonl"]
     assert (tmp_path / "workload.jsonl").read_text() == PUBLIC_FILE.read_text()
     definition = Definition.model_validate_json((tmp_path / "definition.json").read_text())
@@ -170,9 +177,11 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
     assert solution.spec.languages == ["triton"] and solution.spec.target_hardware == ["LOCAL"]
     traces = [TraceLine.model_validate_json(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
     assert [t.workload.uuid for t in traces] == [w.uuid for w in load_named_suite("public").workloads]
-    for trace, measured in zip(traces, result.workloads):
+    baselines = load_frame(RESULTS_DIR, H200).query("solution == 'triton_fused'").baseline_us  # compare's
+    for trace, measured, baseline_us in zip(traces, result.workloads, baselines):
         assert trace.evaluation.status == "PASSED"
         assert trace.evaluation.performance.latency_ms == pytest.approx(measured.latency_us / 1e3)
+        assert trace.evaluation.performance.reference_latency_ms == pytest.approx(baseline_us / 1e3)
         assert trace.evaluation.log.startswith("latency_ms: mean call latency")
         assert trace.evaluation.performance.speedup_factor > 1
         # the errors of the output with the largest absolute error, as the evaluator reports them
@@ -185,7 +194,9 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
 def test_a_solution_with_an_extra_exports_its_requirements(tmp_path: Path) -> None:
     """quack_dgated needs the `quack` extra: its submission names those packages beside torch, as installed."""
     solution = get_solution("quack_dgated")
-    write_sol_execbench(h200_result("quack_dgated"), solution, load_named_suite("public"), tmp_path, partial=False)
+    write_sol_execbench(
+        h200_result("quack_dgated"), solution, load_named_suite("public"), RESULTS_DIR, H200, tmp_path, partial=False
+    )
     exported = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
     assert exported.spec.dependencies == ["torch", "quack-kernels==0.6.5", "nvidia-cutlass-dsl[cu13]==4.7.0"]
     assert get_solution("triton_fused").spec.extra is None
@@ -290,7 +301,13 @@ def test_definition_holds_the_public_reference_rules() -> None:
 
 def test_solution_holds_the_public_spec_rules(tmp_path: Path) -> None:
     write_sol_execbench(
-        h200_result("triton_fused"), get_solution("triton_fused"), load_named_suite("public"), tmp_path, partial=False
+        h200_result("triton_fused"),
+        get_solution("triton_fused"),
+        load_named_suite("public"),
+        RESULTS_DIR,
+        H200,
+        tmp_path,
+        partial=False,
     )
     good = json.loads((tmp_path / "solution.json").read_text())
     SolutionOut.model_validate(good)
