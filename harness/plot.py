@@ -28,8 +28,8 @@ def _by_tokens(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
-    """Mean call latency per workload against num_tokens (solid), and mean device time (dashed, same colour), one
-    series per solution, with the SOL curves.
+    """Mean call latency per workload against num_tokens (solid), mean device time (dashed, same colour) and, where
+    timed, the sustained time (dotted), one series per solution, with the SOL curves.
 
     Hollow markers are workloads that did not pass (timed, but not a valid result).
     """
@@ -38,10 +38,15 @@ def latency_figure(frame: pd.DataFrame, path: Path, title: str) -> Path:
         timed = group.dropna(subset=["latency_us"])
         line = ax.plot(timed["T"], timed["latency_us"], marker="o", linestyle="-", linewidth=1, label=solution)[0]
         ax.plot(timed["T"], timed["device_us"], linestyle="--", linewidth=1, color=line.get_color())
+        sustained = timed.dropna(subset=["sustained_us"])
+        if len(sustained):
+            ax.plot(sustained["T"], sustained["sustained_us"], linestyle=":", linewidth=1, color=line.get_color())
         failed = timed[timed.status != Status.PASSED.value]
         if len(failed):
             ax.scatter(failed["T"], failed["latency_us"], s=70, facecolors="white", edgecolors=line.get_color(), zorder=3)
     ax.plot([], [], linestyle="--", color="gray", label="dashed: device time (queue kept full)")
+    if frame["sustained_us"].notna().any():
+        ax.plot([], [], linestyle=":", color="gray", label="dotted: sustained (calls back to back)")
     if (frame.status != Status.PASSED.value).any():
         ax.scatter([], [], s=70, facecolors="white", edgecolors="gray", label="hollow: did not pass")
     sol = _by_tokens(frame.drop_duplicates("uuid"))

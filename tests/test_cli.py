@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from harness import compare as comparing
 from harness.cli import app
 from harness.registry import discover
+from harness.results import RESULTS_DIR
 from tests.conftest import HAS_CUDA, ONE_SHAPE, WRONG_WHEN_WARM
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
@@ -217,6 +218,17 @@ def test_plot_draws_the_committed_run(tmp_path: Path) -> None:
     names = {"nvidia-h200-latency.png", "nvidia-h200-percent-of-sol.png"}
     assert {p.name for p in tmp_path.iterdir()} == names
     assert all((tmp_path / name).read_bytes().startswith(PNG_SIGNATURE) for name in names)
+
+
+def test_the_latency_figure_draws_the_sustained_timing(tmp_path: Path, monkeypatch) -> None:
+    from harness import plot
+
+    drawn = []
+    monkeypatch.setattr(plot, "_save", lambda fig, ax, path, title: drawn.append(ax))
+    frame = comparing.load_frame(RESULTS_DIR, "nvidia-h200").query("solution == 'triton_fused'")
+    plot.latency_figure(frame, tmp_path / "latency.png", "")
+    dotted = [line for line in drawn[0].lines if line.get_linestyle() == ":" and len(line.get_xdata())]
+    assert [list(line.get_ydata()) for line in dotted] == [frame.sort_values(["T", "B"]).sustained_us.tolist()]
 
 
 def test_export_and_import_commands(tmp_path: Path) -> None:
