@@ -1,6 +1,7 @@
 """The float32 definition of the problem and the input generator of the public benchmark."""
 
 from reference.inputs import (
+    WEIGHT_SCALE,
     InvalidInputsError,
     allocate_inputs,
     draw_normal,
@@ -11,6 +12,7 @@ from reference.inputs import (
 from reference.moe_backward import reference_backward, reference_backward_fp32
 
 __all__ = [
+    "WEIGHT_SCALE",
     "InvalidInputsError",
     "allocate_inputs",
     "draw_normal",

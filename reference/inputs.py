@@ -34,6 +34,9 @@ def allocate_inputs(dims: Dims, device: torch.device | str = "cpu") -> dict[str,
     return {spec.name: torch.empty(spec.concrete_shape(dims), dtype=spec.dtype, device=device) for spec in INPUTS}
 
 
+WEIGHT_SCALE = 0.02  # the weights' standard deviation (SPEC section 2)
+
+
 def draw_normal(tensor: torch.Tensor, gen: torch.Generator, scale: float = 1.0) -> None:
     """Overwrite `tensor` with scale * standard normal, drawn in float32 and rounded once to its dtype."""
     values = torch.randn(tensor.shape, generator=gen, device=tensor.device, dtype=torch.float32)
@@ -70,9 +73,9 @@ def fill_inputs(inputs: dict[str, torch.Tensor], dims: Dims, seed: int) -> dict[
     normal("selected_tokens")
     normal("expert_output")
     inputs["selected_weights"].copy_(torch.rand(dims.num_tokens, generator=gen, device=device, dtype=torch.float32))
-    normal("w1_weight", 0.02)
-    normal("w2_weight", 0.02)
-    normal("w3_weight", 0.02)
+    normal("w1_weight", WEIGHT_SCALE)
+    normal("w2_weight", WEIGHT_SCALE)
+    normal("w3_weight", WEIGHT_SCALE)
     return inputs
 
 

@@ -16,7 +16,16 @@ from harness import timing
 from harness.cli import workload_table
 from harness.registry import get_solution
 from harness.results import LateWork, TimingStats, save
-from harness.runner import MIXED_TOKEN_ROUNDS, Bench, BenchOptions, late_work_habit, mixed_token_counts
+from harness.runner import (
+    FRESH_WEIGHT_SHARE,
+    MIXED_TOKEN_ROUNDS,
+    Bench,
+    BenchOptions,
+    TimedCall,
+    draw_sustained,
+    late_work_habit,
+    mixed_token_counts,
+)
 from harness.timing import (
     LATE_WORK_NOISE_US,
     FreshAddresses,
@@ -28,6 +37,7 @@ from harness.timing import (
     time_sustained,
 )
 from harness.workloads import load_named_suite
+from reference import generate_inputs
 from reference.problem import Dims
 from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM
 
@@ -257,6 +267,56 @@ def test_a_solution_wrong_under_sustained_load_fails_that_timing_alone(make_solu
     assert workload.status.value == "PASSED", workload.message
     assert workload.sustained.timing is None and workload.sustained.settle_calls > 25
     assert workload.sustained.error.startswith("outputs of timed calls (seed ")
+
+
+# Honest in every trial and timing whose inputs are all drawn anew; from call to call on unchanged weights (their
+# addresses and a few values) it computes with the copies it kept, as a solution keeping a converted weight would.
+KEEPS_WEIGHTS = """
+from reference import reference_backward
+
+KEPT = {}
+
+def run(*tensors):
+    inputs = list(tensors[:12])
+    for i in (9, 10, 11):
+        key = (i, inputs[i].data_ptr(), tuple(inputs[i].view(-1)[:4].tolist()))
+        inputs[i] = KEPT.setdefault(key, inputs[i].clone())
+    for out, value in zip(tensors[12:], reference_backward(*inputs)):
+        out.copy_(value)
+"""
+
+
+def test_a_sustained_calls_inputs_replay_from_two_seeds_and_are_put_back() -> None:
+    """draw_sustained: grad_output and one block of FRESH_WEIGHT_SHARE of each weight's F slices drawn anew, what the
+    check draws again from the two seeds; putting back restores the base set's weights."""
+    dims = SMOKE.workloads[5].dims
+    base = generate_inputs(dims, 7)
+    inputs = {name: tensor.clone() for name, tensor in base.items()}
+    put_back = draw_sustained(inputs, 11)
+    again = TimedCall(inputs, 11, base_seed=7).drawn_inputs(dims, torch.device("cpu"))
+    assert all(torch.equal(inputs[name], again[name]) for name in inputs)
+    width = math.ceil(FRESH_WEIGHT_SHARE * dims.ffn_dim)
+    for name, f_axis in (("w1_weight", 0), ("w2_weight", 1), ("w3_weight", 0)):
+        fresh = (inputs[name] != base[name]).any(dim=1 - f_axis).nonzero().flatten().tolist()
+        assert fresh == list(range(fresh[0], fresh[0] + width)), name  # one block of F slices
+    changed = [name for name in inputs if not torch.equal(inputs[name], base[name])]
+    assert changed == ["grad_output", "w1_weight", "w2_weight", "w3_weight"]
+    put_back()
+    assert all(torch.equal(inputs[name], base[name]) for name in inputs if name != "grad_output")
+
+
+@pytest.mark.parametrize("index", range(len(SMOKE.workloads)))
+def test_weights_kept_from_call_to_call_fail_the_sustained_timing(make_solution, index: int) -> None:
+    """The sustained timing's calls keep the weights' addresses and draw only blocks of them anew: a solution that
+    keeps copies of the weights, found by address and a few values, passes the trials and the other timings and
+    fails this one on every smoke shape."""
+    root = make_solution("keeps_weights", KEEPS_WEIGHTS)
+    options = BenchOptions(trials=2, timing=FAST, sustained_s=0.1)
+    bench = Bench(get_solution("keeps_weights", root), torch.device("cpu"), options, root.parent / "results")
+    workload = bench.run(SMOKE, SMOKE.workloads[index : index + 1]).workloads[0]
+    assert workload.status.value == "PASSED", workload.message
+    assert workload.sustained.timing is None
+    assert workload.sustained.error.startswith("outputs of timed calls (seed "), workload.sustained.error
 
 
 HOST_SLEEP = """
