@@ -38,7 +38,7 @@ from harness.timing import (
 )
 from harness.workloads import load_named_suite
 from reference import generate_inputs
-from reference.problem import Dims
+from reference.problem import INPUTS, Dims
 from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM
 
 SMOKE = load_named_suite("smoke")
@@ -269,18 +269,17 @@ def test_a_solution_wrong_under_sustained_load_fails_that_timing_alone(make_solu
     assert workload.sustained.error.startswith("outputs of timed calls (seed ")
 
 
-# Honest in every trial and timing whose inputs are all drawn anew; from call to call on unchanged weights (their
-# addresses and a few values) it computes with the copies it kept, as a solution keeping a converted weight would.
-KEEPS_WEIGHTS = """
+# Honest in every trial and timing whose inputs are all drawn anew; from call to call on an unchanged weight (its
+# address and a few values) it computes with the copy it kept, as a solution keeping a converted weight would.
+KEEPS_A_WEIGHT = """
 from reference import reference_backward
 
 KEPT = {}
 
 def run(*tensors):
     inputs = list(tensors[:12])
-    for i in (9, 10, 11):
-        key = (i, inputs[i].data_ptr(), tuple(inputs[i].view(-1)[:4].tolist()))
-        inputs[i] = KEPT.setdefault(key, inputs[i].clone())
+    key = (inputs[WEIGHT].data_ptr(), tuple(inputs[WEIGHT].view(-1)[:4].tolist()))
+    inputs[WEIGHT] = KEPT.setdefault(key, inputs[WEIGHT].clone())
     for out, value in zip(tensors[12:], reference_backward(*inputs)):
         out.copy_(value)
 """
@@ -305,18 +304,19 @@ def test_a_sustained_calls_inputs_replay_from_two_seeds_and_are_put_back() -> No
     assert all(torch.equal(inputs[name], base[name]) for name in inputs if name != "grad_output")
 
 
-@pytest.mark.parametrize("index", range(len(SMOKE.workloads)))
-def test_weights_kept_from_call_to_call_fail_the_sustained_timing(make_solution, index: int) -> None:
+@pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
+def test_a_weight_kept_from_call_to_call_fails_the_sustained_timing(make_solution, weight: str) -> None:
     """The sustained timing's calls keep the weights' addresses and draw only blocks of them anew: a solution that
-    keeps copies of the weights, found by address and a few values, passes the trials and the other timings and
-    fails this one on every smoke shape."""
-    root = make_solution("keeps_weights", KEEPS_WEIGHTS)
+    keeps a copy of one weight, found by address and a few values, passes the trials and the other timings and fails
+    this one on every smoke shape."""
+    source = f"WEIGHT = {[spec.name for spec in INPUTS].index(weight)}\n" + KEEPS_A_WEIGHT
+    root = make_solution("keeps_a_weight", source)
     options = BenchOptions(trials=2, timing=FAST, sustained_s=0.1)
-    bench = Bench(get_solution("keeps_weights", root), torch.device("cpu"), options, root.parent / "results")
-    workload = bench.run(SMOKE, SMOKE.workloads[index : index + 1]).workloads[0]
-    assert workload.status.value == "PASSED", workload.message
-    assert workload.sustained.timing is None
-    assert workload.sustained.error.startswith("outputs of timed calls (seed "), workload.sustained.error
+    bench = Bench(get_solution("keeps_a_weight", root), torch.device("cpu"), options, root.parent / "results")
+    for workload in bench.run(SMOKE, SMOKE.workloads).workloads:
+        assert workload.status.value == "PASSED", workload.message
+        assert workload.sustained.timing is None
+        assert workload.sustained.error.startswith("outputs of timed calls (seed "), workload.sustained.error
 
 
 HOST_SLEEP = """
