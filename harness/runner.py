@@ -190,9 +190,9 @@ def redraw(inputs: dict[str, torch.Tensor], name: str, seed: int) -> None:
 
 # The share of each weight's F slices that the sustained timing draws anew before each call, beside grad_output. Its
 # calls keep an input set's addresses and the rest of its values, so a solution could keep what it derives from a
-# weight (converted, transposed) from call to call, which a training step, whose weights change every step, cannot;
-# a block of fresh slices leaves such a copy stale in more than 1% of grad_w1's and grad_w3's rows, which the check of
-# the sampled calls then fails.
+# weight (converted, transposed) from call to call, which a training step, whose weights change every step, cannot.
+# A block of fresh slices leaves such a copy stale in 2% of F: in as many rows of grad_w1 and grad_w3 through a copy
+# of w2, in every sum of dx through one of w1 or w3; the check of the sampled calls then fails it.
 FRESH_WEIGHT_SHARE = 0.02
 
 
