@@ -156,7 +156,8 @@ class SustainedTiming(BaseModel):
     GPU whose load pauses stays below its power limit, near its boost clock; under continuous heavy work the limit
     brings the clock down. A solution whose host issues a call more slowly than the GPU runs it is timed at its host's
     pace, as in a step. Sampled calls and the last on each input set are checked against the reference (the outputs
-    are not poisoned); a failure leaves `error`."""
+    are not poisoned), and must lie nearer it than a fresh weight block moves it (runner.stale_outputs); a failure
+    leaves `error`."""
 
     settle_s: float
     settle_calls: int = 0

@@ -17,14 +17,17 @@ from harness.cli import workload_table
 from harness.registry import get_solution
 from harness.results import LateWork, TimingStats, save
 from harness.runner import (
+    FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
     MIXED_TOKEN_ROUNDS,
     Bench,
     BenchOptions,
     TimedCall,
+    compute_reference,
     draw_sustained,
     late_work_habit,
     mixed_token_counts,
+    stale_outputs,
 )
 from harness.timing import (
     LATE_WORK_NOISE_US,
@@ -38,7 +41,7 @@ from harness.timing import (
 )
 from harness.workloads import load_named_suite
 from reference import generate_inputs
-from reference.problem import INPUTS, Dims
+from reference.problem import INPUTS, OUTPUTS, Dims
 from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM
 
 SMOKE = load_named_suite("smoke")
@@ -302,6 +305,26 @@ def test_a_sustained_calls_inputs_replay_from_two_seeds_and_are_put_back() -> No
     assert changed == ["grad_output", "w1_weight", "w2_weight", "w3_weight"]
     put_back()
     assert all(torch.equal(inputs[name], base[name]) for name in inputs if name != "grad_output")
+
+
+@pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
+def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str) -> None:
+    """stale_outputs at T = 1 of 9 rows, where a stale block of w1 or w3 moves dx by a few percent: outputs computed
+    with the weight of an earlier call are named, the reference's own outputs rounded to bf16 are not."""
+    dims = SMOKE.workloads[1].dims
+    base = generate_inputs(dims, 7)
+    earlier = {name: tensor.clone() for name, tensor in base.items()}
+    draw_sustained(earlier, 11)
+    inputs = {name: tensor.clone() for name, tensor in base.items()}
+    draw_sustained(inputs, 13)
+    reference = compute_reference(inputs)
+    without_each = [compute_reference({**inputs, name: base[name]}) for name in FRESH_WEIGHT_AXES]
+    honest = [r.to(spec.dtype) for spec, r in zip(OUTPUTS, reference)]
+    assert stale_outputs(honest, reference, without_each) == ""
+    kept = compute_reference({**inputs, weight: earlier[weight]})
+    moved = ["grad_hidden_states", "grad_w1_weight", "grad_w3_weight"] if weight == "w2_weight" else ["grad_hidden_states"]
+    named = stale_outputs([k.to(spec.dtype) for spec, k in zip(OUTPUTS, kept)], reference, without_each)
+    assert [part.split(" (")[0] for part in named.split(", ")] == moved, named
 
 
 @pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
