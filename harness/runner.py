@@ -902,7 +902,7 @@ class Bench:
         anew (draw_sustained), which changes every output, and the outputs are not poisoned: redrawing every input and
         filling the outputs (about 3.5 GB of memory traffic per call at the public shapes, a millisecond) would put
         memory-bound work between the calls, most of the GPU's time at T = 296, and hold it below its power limit. The
-        sampled calls' outputs and those of the last call on each input set must match the reference."""
+        sampled calls' outputs and those of the last call on each input set must pass TimedCall.verify."""
         settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False)
         base_seeds = [next(seeds) for _ in pool]
         for inputs, seed in zip(pool, base_seeds):
@@ -926,15 +926,8 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
             return SustainedTiming(settle_s=settle_s, error="during the calls: " + _describe_exception(exc))
         for checked in [*checks.kept, *(c for c in last if c is not None and c.outputs)]:
-            inputs = checked.drawn_inputs(workload.dims, self.device)
-            reference = compute_reference(inputs)
-            _, status, detail = check_outputs(workload, checked.outputs, reference)
-            if status is Status.PASSED:
-                base = generate_inputs(workload.dims, checked.base_seed, self.device)
-                without_each = [compute_reference({**inputs, name: base[name]}) for name in FRESH_WEIGHT_AXES]
-                stale = stale_outputs(checked.outputs, reference, without_each)
-                detail = f"{stale} no nearer the reference than a fresh weight block moves it" if stale else ""
-            if detail:
+            _, status, detail = checked.verify(workload, self.device)
+            if status is not Status.PASSED:
                 error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
                 return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, error=error)
         return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, timing=timing)
@@ -1069,8 +1062,20 @@ class TimedCall:
         return inputs
 
     def verify(self, workload: Workload, device: torch.device) -> tuple[list[OutputCheck], Status, str]:
-        """check_outputs of the call's outputs against the reference on its inputs drawn again."""
-        return check_outputs(workload, self.outputs, compute_reference(self.drawn_inputs(workload.dims, device)))
+        """check_outputs of the call's outputs against the reference on its inputs drawn again; a sustained call's
+        outputs must also lie nearer it than a fresh weight block moves it (stale_outputs), or they are
+        INCORRECT_NUMERICAL."""
+        inputs = self.drawn_inputs(workload.dims, device)
+        reference = compute_reference(inputs)
+        checks, status, detail = check_outputs(workload, self.outputs, reference)
+        if status is not Status.PASSED or self.base_seed is None:
+            return checks, status, detail
+        base = generate_inputs(workload.dims, self.base_seed, device)
+        without_each = [compute_reference({**inputs, name: base[name]}) for name in FRESH_WEIGHT_AXES]
+        stale = stale_outputs(self.outputs, reference, without_each)
+        if stale:
+            return checks, Status.INCORRECT_NUMERICAL, f"{stale} no nearer the reference than a fresh weight block moves it"
+        return checks, status, detail
 
 
 class Interrupted(Exception):
