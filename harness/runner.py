@@ -203,18 +203,20 @@ FRESH_WEIGHT_AXES = {"w1_weight": 0, "w2_weight": 1, "w3_weight": 0}  # each wei
 
 def draw_sustained(inputs: dict[str, torch.Tensor], seed: int) -> Callable[[], None]:
     """Before a sustained call: grad_output drawn anew from `seed`, and so is a block of FRESH_WEIGHT_SHARE of each
-    weight's F slices, at a place drawn from it; returns what puts the blocks' earlier values back. A few small
-    copies, no synchronisation: the places come from the host's generator."""
+    weight's F slices, at a place drawn from it; returns what puts the blocks' earlier values back. The host issues
+    this between calls that follow each other with no pause, so it costs one launch per draw (straight into the
+    tensor's dtype, rounded once) and one per saved or restored block, no synchronisation: the places come from the
+    host's generator. More would make the host, not the solution, keep a fast call's GPU waiting."""
     values = torch.Generator(device=inputs["grad_output"].device).manual_seed(seed)
     places = random.Random(seed)
-    draw_normal(inputs["grad_output"], values)
+    inputs["grad_output"].normal_(generator=values)
     earlier = []
     for name, f_axis in FRESH_WEIGHT_AXES.items():
         size = inputs[name].shape[f_axis]
         width = math.ceil(FRESH_WEIGHT_SHARE * size)
         block = inputs[name].narrow(f_axis, places.randrange(size - width + 1), width)
         earlier.append((block, block.clone()))
-        draw_normal(block, values, WEIGHT_SCALE)
+        block.normal_(0.0, WEIGHT_SCALE, generator=values)
 
     def put_back() -> None:
         for block, values_before in earlier:
