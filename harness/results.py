@@ -151,13 +151,14 @@ class MixedTokensTiming(BaseModel):
 
 class SustainedTiming(BaseModel):
     """`bench --sustained`: the time per call with the calls back to back and never a pause, as a training step keeps
-    the GPU busy (timing.time_sustained): the calls rotate over the input sets, grad_output and a block of each weight
-    drawn anew (runner.draw_sustained) and the L2 flushed before each, the first `settle_s` seconds of calls untimed.
-    The device time pauses between batches, and a GPU whose load pauses stays below its power limit, near its boost
-    clock; under continuous heavy work the limit brings the clock down. A solution whose host issues a call more slowly than the GPU runs it is timed at its host's
-    pace, as in a step. Sampled calls and the last on each input set are checked against the reference (the outputs
-    are not poisoned), and must lie nearer it than a fresh weight block moves it (runner.stale_outputs); a failure
-    leaves `error`."""
+    the GPU busy (timing.time_sustained): the calls rotate over the input sets, grad_output drawn anew and the L2
+    flushed before each, a block of each weight too before one in eight at random (runner.draw_sustained), the first
+    `settle_s` seconds of calls untimed. The device time pauses between batches, and a GPU whose load pauses stays
+    below its power limit, near its boost clock; under continuous heavy work the limit brings the clock down. A
+    solution whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step.
+    Sampled calls (of those with fresh weight blocks) and the last on each input set are checked against the reference
+    (the outputs are not poisoned), and those with fresh blocks must lie nearer it than such a block moves it
+    (runner.stale_outputs); a failure leaves `error`."""
 
     settle_s: float
     settle_calls: int = 0

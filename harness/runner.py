@@ -188,30 +188,36 @@ def redraw(inputs: dict[str, torch.Tensor], name: str, seed: int) -> None:
     draw_normal(tensor, torch.Generator(device=tensor.device).manual_seed(seed))
 
 
-# The share of each weight's F slices that the sustained timing draws anew before each call, beside grad_output. Its
-# calls keep an input set's addresses and the rest of its values, so a solution could keep what it derives from a
-# weight (converted, transposed) from call to call, which a training step, whose weights change every step, cannot.
-# A block of fresh slices leaves such a copy stale in 2% of F: in as many rows of grad_w1 and grad_w3 through a copy
-# of w2, in every sum of dx through one of w1 or w3. The tolerance need not see that in 1% of dx's elements (at T = 1
-# the block moves dx by a few percent), so the sampled calls' outputs must also lie nearer the reference than
-# STALE_WEIGHT_RATIO of the least distance one weight's fresh block moves it (stale_outputs): an honest bf16
-# solution's error is a few percent of that distance, a stale copy's about all of it.
+# The share of each weight's F slices that the sustained timing draws anew before one call in FRESH_WEIGHT_CALLS,
+# beside grad_output (drawn anew before every call). Its calls keep an input set's addresses and the rest of its values,
+# so a solution could keep what it derives from a weight (converted, transposed) from call to call, which a training
+# step, whose weights change every step, cannot. A block of fresh slices leaves such a copy stale in 2% of F: in as many
+# rows of grad_w1 and grad_w3 through a copy of w2, in every sum of dx through one of w1 or w3. The tolerance need not
+# see that in 1% of dx's elements (at T = 1 the block moves dx by a few percent), so the sampled calls' outputs must
+# also lie nearer the reference than STALE_WEIGHT_RATIO of the least distance one weight's fresh block moves it
+# (stale_outputs): an honest bf16 solution's error is a few percent of that distance, a stale copy's about all of it.
+# The calls that draw blocks are chosen at random, unknown to the solution, and the sample verified is drawn from them
+# (TimedOutputChecks): a copy the solution keeps serves them too unless it reads every weight in full on every call.
+# Drawing blocks before every call would cost the host about 150 us a call on the H200 machine (nine small launches
+# and their saved copies), more than the GPU's time at T <= 128 beside the solution's own host time: the timing would
+# measure the harness's host.
 FRESH_WEIGHT_SHARE = 0.02
 STALE_WEIGHT_RATIO = 0.5
+FRESH_WEIGHT_CALLS = 8
 FRESH_WEIGHT_AXES = {"w1_weight": 0, "w2_weight": 1, "w3_weight": 0}  # each weight's F axis
 
 
-def draw_sustained(inputs: dict[str, torch.Tensor], seed: int) -> Callable[[], None]:
-    """Before a sustained call: grad_output drawn anew from `seed`, and so is a block of FRESH_WEIGHT_SHARE of each
-    weight's F slices, at a place drawn from it; returns what puts the blocks' earlier values back. The host issues
-    this between calls that follow each other with no pause, so it costs one launch per draw (straight into the
-    tensor's dtype, rounded once) and one per saved or restored block, no synchronisation: the places come from the
-    host's generator. More would make the host, not the solution, keep a fast call's GPU waiting."""
+def draw_sustained(inputs: dict[str, torch.Tensor], seed: int, fresh_weights: bool) -> Callable[[], None]:
+    """Before a sustained call: grad_output drawn anew from `seed`, and with `fresh_weights` so is a block of
+    FRESH_WEIGHT_SHARE of each weight's F slices, at a place drawn from it; returns what puts the blocks' earlier values
+    back. The host issues this between calls that follow each other with no pause, so it costs one launch per draw
+    (straight into the tensor's dtype, rounded once) and one per saved or restored block, no synchronisation: the
+    places come from the host's generator."""
     values = torch.Generator(device=inputs["grad_output"].device).manual_seed(seed)
-    places = random.Random(seed)
     inputs["grad_output"].normal_(generator=values)
     earlier = []
-    for name, f_axis in FRESH_WEIGHT_AXES.items():
+    places = random.Random(seed) if fresh_weights else None
+    for name, f_axis in FRESH_WEIGHT_AXES.items() if places else ():
         size = inputs[name].shape[f_axis]
         width = math.ceil(FRESH_WEIGHT_SHARE * size)
         block = inputs[name].narrow(f_axis, places.randrange(size - width + 1), width)
@@ -900,12 +906,15 @@ class Bench:
         seeds: Iterator[int],
     ) -> SustainedTiming:
         """The calls over the input sets back to back (timing.time_sustained, results.SustainedTiming), the first
-        options.sustained_s seconds untimed. Before each call only grad_output and a block of each weight are drawn
-        anew (draw_sustained), which changes every output, and the outputs are not poisoned: redrawing every input and
+        options.sustained_s seconds untimed. Before each call only grad_output is drawn anew, which changes every output,
+        and before one in FRESH_WEIGHT_CALLS at random a block of each weight too (draw_sustained); the outputs are not
+        poisoned: redrawing every input and
         filling the outputs (about 3.5 GB of memory traffic per call at the public shapes, a millisecond) would put
         memory-bound work between the calls, most of the GPU's time at T = 296, and hold it below its power limit. The
-        sampled calls' outputs and those of the last call on each input set must pass TimedCall.verify."""
-        settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False)
+        sampled calls' outputs (sampled among those with fresh weight blocks) and those of the last call on each input
+        set must pass TimedCall.verify."""
+        settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False, fresh_weights_only=True)
+        choose = secrets.SystemRandom()
         base_seeds = [next(seeds) for _ in pool]
         for inputs, seed in zip(pool, base_seeds):
             fill_inputs(inputs, workload.dims, seed)
@@ -913,10 +922,10 @@ class Bench:
         put_back: list[Callable[[], None]] = [lambda: None] * len(pool)
 
         def prepare(k: int) -> None:
-            seed = next(seeds)
+            seed, fresh_weights = next(seeds), choose.randrange(FRESH_WEIGHT_CALLS) == 0
             put_back[k]()  # the set's base values again, so that each call's inputs replay from two seeds
-            put_back[k] = draw_sustained(pool[k], seed)
-            checks.current = last[k] = TimedCall(pool[k], seed, base_seed=base_seeds[k])
+            put_back[k] = draw_sustained(pool[k], seed, fresh_weights)
+            checks.current = last[k] = TimedCall(pool[k], seed, base_seed=base_seeds[k], fresh_weights=fresh_weights)
 
         def timed_call(k: int) -> None:
             last[k].outputs = call(pool[k], output_pool[k])
@@ -1015,13 +1024,16 @@ class TimedOutputChecks:
     after the timing: no call can know, when it returns, whether it will be verified, so a solution that skips or
     fakes its work on a fraction f of the calls is caught with probability 1 - (1 - f)^VERIFIED_TIMED_CALLS per timing
     (and surely where it leaves any output unwritten). With `scan_unwritten` off (the sustained timing, whose outputs
-    are not poisoned) the sample alone.
+    are not poisoned) the sample alone; with `fresh_weights_only` (the sustained timing) the sample is drawn from the
+    calls whose weight blocks were drawn anew, which no call can tell from the others without reading its weights.
     """
 
-    def __init__(self, scan_unwritten: bool = True) -> None:
+    def __init__(self, scan_unwritten: bool = True, fresh_weights_only: bool = False) -> None:
         self.scan_unwritten = scan_unwritten
+        self.fresh_weights_only = fresh_weights_only
         self.current: TimedCall | None = None  # the call being made (set by the timing's prepare)
         self.calls = 0
+        self._candidates = 0  # the calls the sample is drawn from
         self.kept: list[TimedCall] = []
         self._unwritten: list[torch.Tensor] = []  # per call, whether an output element still holds NaN
         self._random = secrets.SystemRandom()
@@ -1032,11 +1044,14 @@ class TimedOutputChecks:
             left = [torch.isnan(out).any() for out in produced if out.is_floating_point()]
             self._unwritten.append(torch.stack(left).any() if left else torch.zeros((), dtype=torch.bool))
         self.calls += 1
-        slot = self.calls - 1 if self.calls <= VERIFIED_TIMED_CALLS else self._random.randrange(self.calls)
+        if self.fresh_weights_only and not self.current.fresh_weights:
+            return
+        self._candidates += 1
+        n = self._candidates
+        slot = n - 1 if n <= VERIFIED_TIMED_CALLS else self._random.randrange(n)
         if slot < VERIFIED_TIMED_CALLS:
             outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs]
-            kept = TimedCall({}, self.current.seed, outputs, i, self.current.base_seed)
-            self.kept[slot : slot + 1] = [kept]
+            self.kept[slot : slot + 1] = [replace(self.current, inputs={}, outputs=outputs, index=i)]
 
     def poisoned_calls(self) -> list[int]:
         """The calls (in order, from 0) whose outputs held NaN when they ended."""
@@ -1047,30 +1062,31 @@ class TimedOutputChecks:
 class TimedCall:
     """A timed call whose outputs are verified after timing: its inputs, the seed they were drawn from, its outputs
     and its number among the timing's calls; where `base_seed` drew the inputs and draw_sustained then drew parts of
-    them anew from `seed` (the sustained timing), both."""
+    them anew from `seed` (the sustained timing), both, and whether it drew the weights' blocks too."""
 
     inputs: dict[str, torch.Tensor]
     seed: int
     outputs: list[object] = field(default_factory=list)
     index: int = 0
     base_seed: int | None = None
+    fresh_weights: bool = False
 
     def drawn_inputs(self, dims: Dims, device: torch.device) -> dict[str, torch.Tensor]:
         """The call's inputs drawn again from their seeds."""
         if self.base_seed is None:
             return generate_inputs(dims, self.seed, device)
         inputs = generate_inputs(dims, self.base_seed, device)
-        draw_sustained(inputs, self.seed)
+        draw_sustained(inputs, self.seed, self.fresh_weights)
         return inputs
 
     def verify(self, workload: Workload, device: torch.device) -> tuple[list[OutputCheck], Status, str]:
         """check_outputs of the call's outputs against the reference on its inputs drawn again; a sustained call's
-        outputs must also lie nearer it than a fresh weight block moves it (stale_outputs), or they are
-        INCORRECT_NUMERICAL."""
+        outputs where it drew fresh weight blocks must also lie nearer it than such a block moves it (stale_outputs),
+        or they are INCORRECT_NUMERICAL."""
         inputs = self.drawn_inputs(workload.dims, device)
         reference = compute_reference(inputs)
         checks, status, detail = check_outputs(workload, self.outputs, reference)
-        if status is not Status.PASSED or self.base_seed is None:
+        if status is not Status.PASSED or not self.fresh_weights:
             return checks, status, detail
         base = generate_inputs(workload.dims, self.base_seed, device)
         without_each = [compute_reference({**inputs, name: base[name]}) for name in FRESH_WEIGHT_AXES]

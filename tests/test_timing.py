@@ -20,9 +20,11 @@ from harness.runner import (
     FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
     MIXED_TOKEN_ROUNDS,
+    VERIFIED_TIMED_CALLS,
     Bench,
     BenchOptions,
     TimedCall,
+    TimedOutputChecks,
     compute_reference,
     draw_sustained,
     late_work_habit,
@@ -294,8 +296,8 @@ def test_a_sustained_calls_inputs_replay_from_two_seeds_and_are_put_back() -> No
     dims = SMOKE.workloads[5].dims
     base = generate_inputs(dims, 7)
     inputs = {name: tensor.clone() for name, tensor in base.items()}
-    put_back = draw_sustained(inputs, 11)
-    again = TimedCall(inputs, 11, base_seed=7).drawn_inputs(dims, torch.device("cpu"))
+    put_back = draw_sustained(inputs, 11, fresh_weights=True)
+    again = TimedCall(inputs, 11, base_seed=7, fresh_weights=True).drawn_inputs(dims, torch.device("cpu"))
     assert all(torch.equal(inputs[name], again[name]) for name in inputs)
     width = math.ceil(FRESH_WEIGHT_SHARE * dims.ffn_dim)
     for name, f_axis in (("w1_weight", 0), ("w2_weight", 1), ("w3_weight", 0)):
@@ -307,6 +309,32 @@ def test_a_sustained_calls_inputs_replay_from_two_seeds_and_are_put_back() -> No
     assert all(torch.equal(inputs[name], base[name]) for name in inputs if name != "grad_output")
 
 
+def test_a_sustained_call_without_fresh_weights_draws_grad_output_alone() -> None:
+    """The calls that draw no weight blocks change grad_output alone, the same as a call with blocks would, and the
+    check draws them again so."""
+    dims = SMOKE.workloads[5].dims
+    base = generate_inputs(dims, 7)
+    inputs = {name: tensor.clone() for name, tensor in base.items()}
+    draw_sustained(inputs, 11, fresh_weights=False)
+    assert [name for name in inputs if not torch.equal(inputs[name], base[name])] == ["grad_output"]
+    again = TimedCall(inputs, 11, base_seed=7).drawn_inputs(dims, torch.device("cpu"))
+    assert all(torch.equal(inputs[name], again[name]) for name in inputs)
+    with_blocks = {name: tensor.clone() for name, tensor in base.items()}
+    draw_sustained(with_blocks, 11, fresh_weights=True)
+    assert torch.equal(with_blocks["grad_output"], inputs["grad_output"])
+
+
+def test_the_sustained_sample_is_drawn_from_the_calls_with_fresh_weights() -> None:
+    """TimedOutputChecks(fresh_weights_only=True) keeps only calls whose weight blocks were drawn anew, with their
+    seeds and flags, so that their verification replays the blocks and judges staleness."""
+    checks = TimedOutputChecks(scan_unwritten=False, fresh_weights_only=True)
+    for i in range(40):
+        checks.current = TimedCall({}, seed=100 + i, outputs=[torch.zeros(2)], base_seed=7, fresh_weights=i % 5 == 0)
+        checks.after(i)
+    assert checks.calls == 40 and len(checks.kept) == VERIFIED_TIMED_CALLS
+    assert all(kept.fresh_weights and kept.index % 5 == 0 and kept.seed == 100 + kept.index for kept in checks.kept)
+
+
 @pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
 def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str) -> None:
     """stale_outputs at T = 1 of 9 rows, where a stale block of w1 or w3 moves dx by a few percent: outputs computed
@@ -314,9 +342,9 @@ def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str)
     dims = SMOKE.workloads[1].dims
     base = generate_inputs(dims, 7)
     earlier = {name: tensor.clone() for name, tensor in base.items()}
-    draw_sustained(earlier, 11)
+    draw_sustained(earlier, 11, fresh_weights=True)
     inputs = {name: tensor.clone() for name, tensor in base.items()}
-    draw_sustained(inputs, 13)
+    draw_sustained(inputs, 13, fresh_weights=True)
     reference = compute_reference(inputs)
     without_each = [compute_reference({**inputs, name: base[name]}) for name in FRESH_WEIGHT_AXES]
     honest = [r.to(spec.dtype) for spec, r in zip(OUTPUTS, reference)]
@@ -329,12 +357,13 @@ def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str)
 
 @pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
 def test_a_weight_kept_from_call_to_call_fails_the_sustained_timing(make_solution, weight: str) -> None:
-    """The sustained timing's calls keep the weights' addresses and draw only blocks of them anew: a solution that
-    keeps a copy of one weight, found by address and a few values, passes the trials and the other timings and fails
-    this one on every smoke shape."""
+    """The sustained timing's calls keep the weights' addresses and draw only blocks of them anew, before one call in
+    FRESH_WEIGHT_CALLS: a solution that keeps a copy of one weight, found by address and a few values, passes the trials
+    and the other timings and fails this one on every smoke shape."""
     source = f"WEIGHT = {[spec.name for spec in INPUTS].index(weight)}\n" + KEEPS_A_WEIGHT
     root = make_solution("keeps_a_weight", source)
-    options = BenchOptions(trials=2, timing=FAST, sustained_s=0.1)
+    # long enough for a few hundred calls on the largest smoke shape, a few dozen with fresh weight blocks among them
+    options = BenchOptions(trials=2, timing=FAST, sustained_s=0.3)
     bench = Bench(get_solution("keeps_a_weight", root), torch.device("cpu"), options, root.parent / "results")
     for workload in bench.run(SMOKE, SMOKE.workloads).workloads:
         assert workload.status.value == "PASSED", workload.message
