@@ -121,8 +121,10 @@ class TrialReport(BaseModel):
 # Informational flags of a workload (never a failure). HOST_BOUND: the solution's host time to issue one call is longer
 # than its device time, so under the call-latency timer the GPU waits for the host. NOT_AUDITED: CUPTI refused the
 # launch audit on this workload, or NVML did not list the solution's process (harness.launch_audit), so work issued
-# outside the calls would have gone unseen.
-Flag = Literal["HOST_BOUND", "NOT_AUDITED"]
+# outside the calls would have gone unseen. HARNESS_PACED: in the sustained timing the solution's host issued a call
+# faster than the GPU ran it, but not together with the harness's work between the calls (SustainedTiming): the GPU
+# waited for the harness, and the sustained time is an upper bound set by this machine's host.
+Flag = Literal["HOST_BOUND", "NOT_AUDITED", "HARNESS_PACED"]
 
 
 class GraphTiming(BaseModel):
@@ -156,14 +158,23 @@ class SustainedTiming(BaseModel):
     `settle_s` seconds of calls untimed. The device time pauses between batches, and a GPU whose load pauses stays
     below its power limit, near its boost clock; under continuous heavy work the limit brings the clock down. A
     solution whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step.
-    Sampled calls (of those with fresh weight blocks) and the last on each input set are checked against the reference
-    (the outputs are not poisoned), and those with fresh blocks must lie nearer it than such a block moves it
-    (runner.stale_outputs); a failure leaves `error`."""
+    Sampled calls (of those with fresh weight blocks) and a last call on each input set, with fresh blocks, after the
+    timed ones are checked against the reference (the outputs are not poisoned) and must lie nearer it than such a
+    block moves it (runner.stale_outputs); a failure leaves `error`."""
 
     settle_s: float
     settle_calls: int = 0
     timing: TimingStats | None = None
+    host_us: float = Field(0.0, description="on a GPU: the solution's host time per timed call, issuing it")
+    harness_host_us: float = Field(
+        0.0, description="on a GPU: the harness's host time per timed call between the calls (draws, flush, events, checks)"
+    )
     error: str = ""
+
+    @property
+    def harness_paced(self) -> bool:
+        """The solution's host kept ahead of the GPU, the harness's work beside it did not (the HARNESS_PACED flag)."""
+        return self.timing is not None and self.host_us < self.timing.mean_us <= self.host_us + self.harness_host_us
 
 
 class TimedChecks(BaseModel):

@@ -196,11 +196,11 @@ def redraw(inputs: dict[str, torch.Tensor], name: str, seed: int) -> None:
 # see that in 1% of dx's elements (at T = 1 the block moves dx by a few percent), so the sampled calls' outputs must
 # also lie nearer the reference than STALE_WEIGHT_RATIO of the least distance one weight's fresh block moves it
 # (stale_outputs): an honest bf16 solution's error is a few percent of that distance, a stale copy's about all of it.
-# The calls that draw blocks are chosen at random, unknown to the solution, and the sample verified is drawn from them
-# (TimedOutputChecks): a copy the solution keeps serves them too unless it reads every weight in full on every call.
-# Drawing blocks before every call would cost the host about 150 us a call on the H200 machine (nine small launches
-# and their saved copies), more than the GPU's time at T <= 128 beside the solution's own host time: the timing would
-# measure the harness's host.
+# The calls that draw blocks are chosen at random and the sample verified is drawn from them (TimedOutputChecks), with
+# a last call on each input set after the timed ones: a kept copy goes stale there, and no call can tell those calls
+# from the others without reading every weight in full. Not every call draws blocks: their nine small launches, beside
+# the solution's own issue time, would outlast the GPU's time at small T on the H200 machine's host, and the timing
+# would measure the harness (docs/performance.md, "The clock under sustained load"; HARNESS_PACED flags where it does).
 FRESH_WEIGHT_SHARE = 0.02
 STALE_WEIGHT_RATIO = 0.5
 FRESH_WEIGHT_CALLS = 8
@@ -766,6 +766,8 @@ class Bench:
             result.mixed_tokens = self._time_mixed_tokens(call, workload, seeds)
         if self.options.sustained_s > 0:
             result.sustained = self._time_sustained(call, workload, pool, output_pool, seeds)
+            if result.sustained.harness_paced:
+                result.flags.append("HARNESS_PACED")
 
     def _time_device(
         self,
@@ -908,11 +910,11 @@ class Bench:
         """The calls over the input sets back to back (timing.time_sustained, results.SustainedTiming), the first
         options.sustained_s seconds untimed. Before each call only grad_output is drawn anew, which changes every output,
         and before one in FRESH_WEIGHT_CALLS at random a block of each weight too (draw_sustained); the outputs are not
-        poisoned: redrawing every input and
-        filling the outputs (about 3.5 GB of memory traffic per call at the public shapes, a millisecond) would put
-        memory-bound work between the calls, most of the GPU's time at T = 296, and hold it below its power limit. The
-        sampled calls' outputs (sampled among those with fresh weight blocks) and those of the last call on each input
-        set must pass TimedCall.verify."""
+        poisoned: redrawing every input and filling the outputs (about 3.5 GB of memory traffic per call at the public
+        shapes, a millisecond) would put memory-bound work between the calls, most of the GPU's time at T = 296, and
+        hold it below its power limit. The sampled calls' outputs (sampled among those with fresh weight blocks) must
+        pass TimedCall.verify, and so must those of a last call on each input set, with fresh blocks, right after the
+        timed ones: a copy of a weight kept from the earlier calls fails there however few calls the timing made."""
         settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False, fresh_weights_only=True)
         choose = secrets.SystemRandom()
         base_seeds = [next(seeds) for _ in pool]
@@ -921,8 +923,8 @@ class Bench:
         last: list[TimedCall | None] = [None] * len(pool)
         put_back: list[Callable[[], None]] = [lambda: None] * len(pool)
 
-        def prepare(k: int) -> None:
-            seed, fresh_weights = next(seeds), choose.randrange(FRESH_WEIGHT_CALLS) == 0
+        def draw(k: int, fresh_weights: bool) -> None:
+            seed = next(seeds)
             put_back[k]()  # the set's base values again, so that each call's inputs replay from two seeds
             put_back[k] = draw_sustained(pool[k], seed, fresh_weights)
             checks.current = last[k] = TimedCall(pool[k], seed, base_seed=base_seeds[k], fresh_weights=fresh_weights)
@@ -931,17 +933,25 @@ class Bench:
             last[k].outputs = call(pool[k], output_pool[k])
 
         try:
-            timing, settle_calls = time_sustained(
-                timed_call, prepare, len(pool), self.device, self.options.timing, settle_s, checks.after
-            )
+            run = time_sustained(timed_call, lambda k: draw(k, choose.randrange(FRESH_WEIGHT_CALLS) == 0), len(pool),
+                                 self.device, self.options.timing, settle_s, checks.after)  # fmt: skip
+            for k in range(len(pool)):
+                draw(k, fresh_weights=True)
+                timed_call(k)
         except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
             return SustainedTiming(settle_s=settle_s, error="during the calls: " + _describe_exception(exc))
-        for checked in [*checks.kept, *(c for c in last if c is not None and c.outputs)]:
+        for checked in [*checks.kept, *last]:
             _, status, detail = checked.verify(workload, self.device)
             if status is not Status.PASSED:
                 error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
-                return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, error=error)
-        return SustainedTiming(settle_s=settle_s, settle_calls=settle_calls, timing=timing)
+                return SustainedTiming(settle_s=settle_s, settle_calls=run.settle_calls, error=error)
+        return SustainedTiming(
+            settle_s=settle_s,
+            settle_calls=run.settle_calls,
+            timing=run.timing,
+            host_us=run.host_us,
+            harness_host_us=run.harness_host_us,
+        )
 
     def _verify_timed_outputs(
         self,

@@ -346,6 +346,19 @@ def keep_busy(calls: Sequence[Callable[[], object]], seconds: float, device: tor
     return made
 
 
+@dataclass(frozen=True)
+class SustainedRun:
+    """What time_sustained measured: the timing, the untimed settle calls before it, and, on a GPU, the host's busy time
+    per timed call (its clock less its waits for the device) split into the calls' own issue time and the rest, the
+    harness's work between the calls (prepare, L2 flush, events, `after`). Where the two together reach the time per
+    call, the GPU waited for the host and the timing is the host's pace."""
+
+    timing: TimingStats
+    settle_calls: int
+    host_us: float = 0.0
+    harness_host_us: float = 0.0
+
+
 def time_sustained(
     call: Callable[[int], None],
     prepare: Callable[[int], None],
@@ -354,13 +367,13 @@ def time_sustained(
     config: TimingConfig,
     settle_s: float,
     after: Callable[[int], None] = _nothing,
-) -> tuple[TimingStats, int]:
-    """(timing, settle calls): the time of `call(k)` on input set k, `prepare(k)` and an L2 flush ahead of each call and
-    outside its events as in time_device, with the calls back to back and never a pause: no spin, no synchronisation;
-    the host stays at most BATCHES_AHEAD batches ahead and reads a batch's events once it has completed. The calls of
-    the first `settle_s` seconds of the host's clock are not timed. `after(i)` follows the i-th call, settle calls
-    counted. On a CPU: the settle calls, then time_device's wall clock. The late work still running once the last call
-    has ended is charged over its batch."""
+) -> SustainedRun:
+    """The time of `call(k)` on input set k, `prepare(k)` and an L2 flush ahead of each call and outside its events as
+    in time_device, with the calls back to back and never a pause: no spin, no synchronisation; the host stays at most
+    BATCHES_AHEAD batches ahead and reads a batch's events once it has completed. The calls of the first `settle_s`
+    seconds of the host's clock are not timed. `after(i)` follows the i-th call, settle calls counted. On a CPU: the
+    settle calls, then time_device's wall clock. The late work still running once the last call has ended is charged
+    over its batch."""
     made = 0
     if device.type != "cuda":
 
@@ -374,14 +387,21 @@ def time_sustained(
         keep_busy([functools.partial(prepared, k) for k in range(input_sets)], settle_s, device)
         settle_calls = made
         timing = _time_cpu(call, prepare, input_sets, replace(config, warmup_calls=0), lambda i: after(settle_calls + i))
-        return timing, settle_calls
+        return SustainedRun(timing, settle_calls)
     flush = L2Flusher(device)
+    call_seconds = 0.0  # the calls' own host time
+
+    def issued(k: int) -> None:
+        nonlocal call_seconds
+        began = _clock()
+        call(k)
+        call_seconds += _clock() - began
 
     def batch() -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
         nonlocal made
         events = []
         for _ in range(config.batch_calls):
-            events.append(_timed_call(call, prepare, flush, made, input_sets))
+            events.append(_timed_call(issued, prepare, flush, made, input_sets))
             after(made)
             made += 1
         return events
@@ -394,7 +414,7 @@ def time_sustained(
             _event_synchronize(queued.popleft()[-1][1])
     settle_calls, timed = made, deque()
     samples: list[float] = []
-    started = _clock()
+    started, waited, call_seconds = _clock(), 0.0, 0.0
     while True:
         more = (made - settle_calls < config.max_calls and not _converged(samples, config)
                 and _clock() - started < config.max_seconds)  # fmt: skip
@@ -402,16 +422,20 @@ def time_sustained(
             timed.append(batch())
         if timed and (not more or len(timed) > BATCHES_AHEAD):
             events = timed.popleft()
+            began = _clock()
             _event_synchronize(events[-1][1])
+            waited += _clock() - began
             samples.extend(start.elapsed_time(end) * 1e3 for start, end in events)
         elif not more:
             break
+    busy, calls = _clock() - started - waited, made - settle_calls
     last_end = torch.cuda.Event()
     last_end.record()
     own = samples[-config.batch_calls :]
     charge = _late_charge(device_wait_after(last_end), _idle_wait(), sum(own), len(own))
     samples[-len(own) :] = [t + charge / len(own) for t in own]
-    return TimingStats.from_samples(samples, "cuda_events", 0, input_sets, _late_work([charge])), settle_calls
+    timing = TimingStats.from_samples(samples, "cuda_events", 0, input_sets, _late_work([charge]))
+    return SustainedRun(timing, settle_calls, call_seconds / calls * 1e6, (busy - call_seconds) / calls * 1e6)
 
 
 def _time_cpu(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -15,7 +16,7 @@ from harness import compare as comparing
 from harness import timing
 from harness.cli import workload_table
 from harness.registry import get_solution
-from harness.results import LateWork, TimingStats, save
+from harness.results import LateWork, SustainedTiming, TimingStats, save
 from harness.runner import (
     FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
@@ -205,27 +206,52 @@ class _FakeEvent:
         return 1.0 if self.number % 4 == 0 else 3.0
 
 
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, synchronize: Callable[[_FakeEvent], None]) -> None:
+    """time_sustained's CUDA calls faked: events of _FakeEvent's times, `synchronize` for the host's wait on one."""
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(_FakeEvent, "recorded", [])
+    monkeypatch.setattr(timing, "L2Flusher", lambda device: lambda: None)
+    monkeypatch.setattr(timing, "_event_synchronize", synchronize)
+    monkeypatch.setattr(timing, "device_wait_after", lambda event: 0.0)
+    monkeypatch.setattr(timing, "_idle_wait", lambda: 0.0)
+
+
 def test_sustained_timing_never_waits_for_the_latest_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """time_sustained's GPU path with the CUDA calls faked: the host only ever waits for a batch's end event once
     BATCHES_AHEAD later batches are queued (until the last, drained), and every call after the settle calls is timed."""
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(_FakeEvent, "recorded", [])
     issued: list[int] = []  # calls issued, by the host's order
     waits: list[tuple[int, int]] = []  # (calls issued when the host waited, the call whose end event it waited for)
-    monkeypatch.setattr(timing, "L2Flusher", lambda device: lambda: None)
-    monkeypatch.setattr(timing, "_event_synchronize", lambda event: waits.append((len(issued), event.number // 2)))
-    monkeypatch.setattr(timing, "device_wait_after", lambda event: 0.0)
-    monkeypatch.setattr(timing, "_idle_wait", lambda: 0.0)
+    _fake_cuda(monkeypatch, lambda event: waits.append((len(issued), event.number // 2)))
     config = TimingConfig(min_calls=4, max_calls=20, batch_calls=2)
     made: list[int] = []
-    stats, settled = timing.time_sustained(lambda k: issued.append(k), lambda k: None, 3, torch.device("cuda"), config,
-                                           0.01, made.append)  # fmt: skip
+    run = timing.time_sustained(lambda k: issued.append(k), lambda k: None, 3, torch.device("cuda"), config, 0.01, made.append)
+    stats = run.timing
     assert made == list(range(len(issued))) and issued == [i % 3 for i in range(len(issued))]
-    assert len(issued) == settled + stats.n and stats.n == config.max_calls and stats.mean_us == 2000.0
+    assert len(issued) == run.settle_calls + stats.n and stats.n == config.max_calls and stats.mean_us == 2000.0
     ahead = timing.BATCHES_AHEAD * config.batch_calls
     drained = [waited for count, waited in waits if count == len(issued)]
     assert all(count - (waited + 1) >= ahead for count, waited in waits if count < len(issued))
     assert len(drained) == timing.BATCHES_AHEAD + 1  # the timed batches still queued when the issuing stopped
+
+
+def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time_sustained's GPU path (faked, on a fake host clock) counts the calls' own host time apart from the rest of
+    the host's busy time, its waits for the device left out; where the two together reach the time per call and the
+    calls alone do not, the sustained timing is HARNESS_PACED."""
+    now = [0.0]
+
+    def spend(seconds: float) -> None:
+        now[0] += seconds
+
+    monkeypatch.setattr(timing, "_clock", lambda: now[0])
+    _fake_cuda(monkeypatch, lambda event: spend(0.004))
+    config = TimingConfig(min_calls=4, max_calls=20, batch_calls=2)
+    run = timing.time_sustained(lambda k: spend(0.0015), lambda k: spend(0.001), 3, torch.device("cuda"), config, 0.01)
+    assert run.host_us == pytest.approx(1500.0) and run.harness_host_us == pytest.approx(1000.0)
+    paced = SustainedTiming(settle_s=0.01, timing=run.timing, host_us=run.host_us, harness_host_us=run.harness_host_us)
+    assert run.timing.mean_us == 2000.0 and paced.harness_paced
+    assert not paced.model_copy(update={"harness_host_us": 400.0}).harness_paced  # the host kept ahead of the GPU
+    assert not paced.model_copy(update={"host_us": 2100.0}).harness_paced  # the solution's own pace (HOST_BOUND)
 
 
 @pytest.mark.gpu
@@ -233,9 +259,11 @@ def test_sustained_calls_are_all_timed_after_the_settle_calls() -> None:
     """On the GPU every call after the settle calls is timed, batches read once complete, `after` numbering them all."""
     a = torch.randn(2048, 2048, device="cuda")
     seen: list[int] = []
-    timing, settled = time_sustained(lambda k: torch.mm(a, a), lambda k: None, 2, torch.device("cuda"), FAST, 0.05, seen.append)
+    run = time_sustained(lambda k: torch.mm(a, a), lambda k: None, 2, torch.device("cuda"), FAST, 0.05, seen.append)
+    timing, settled = run.timing, run.settle_calls
     assert seen == list(range(len(seen))) and len(seen) == settled + timing.n
     assert settled >= FAST.batch_calls and FAST.min_calls <= timing.n and timing.clock == "cuda_events"
+    assert 0 < run.host_us < timing.mean_us and 0 < run.harness_host_us
 
 
 def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
@@ -358,12 +386,11 @@ def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str)
 @pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
 def test_a_weight_kept_from_call_to_call_fails_the_sustained_timing(make_solution, weight: str) -> None:
     """The sustained timing's calls keep the weights' addresses and draw only blocks of them anew, before one call in
-    FRESH_WEIGHT_CALLS: a solution that keeps a copy of one weight, found by address and a few values, passes the trials
-    and the other timings and fails this one on every smoke shape."""
+    FRESH_WEIGHT_CALLS and a last call on each input set: a solution that keeps a copy of one weight, found by address
+    and a few values, passes the trials and the other timings and fails this one on every smoke shape."""
     source = f"WEIGHT = {[spec.name for spec in INPUTS].index(weight)}\n" + KEEPS_A_WEIGHT
     root = make_solution("keeps_a_weight", source)
-    # long enough for a few hundred calls on the largest smoke shape, a few dozen with fresh weight blocks among them
-    options = BenchOptions(trials=2, timing=FAST, sustained_s=0.3)
+    options = BenchOptions(trials=2, timing=FAST, sustained_s=0.1)
     bench = Bench(get_solution("keeps_a_weight", root), torch.device("cpu"), options, root.parent / "results")
     for workload in bench.run(SMOKE, SMOKE.workloads).workloads:
         assert workload.status.value == "PASSED", workload.message

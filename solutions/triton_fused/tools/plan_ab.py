@@ -59,7 +59,7 @@ def gpu_time_us(fn, config: TimingConfig = TIMING) -> float:
 def sustained_us(fn, device: str = "cuda", config: TimingConfig = TIMING) -> float:
     """Mean time per call of fn by the harness's back-to-back timer (no pause between calls), after SUSTAINED_SETTLE_S
     seconds of its untimed calls."""
-    return time_sustained(lambda _: fn(), lambda _: None, 1, torch.device(device), config, SUSTAINED_SETTLE_S)[0].mean_us
+    return time_sustained(lambda _: fn(), lambda _: None, 1, torch.device(device), config, SUSTAINED_SETTLE_S).timing.mean_us
 
 
 def latency_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIMING) -> float:
