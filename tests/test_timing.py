@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -13,7 +14,7 @@ import torch
 from rich.console import Console
 
 from harness import compare as comparing
-from harness import timing
+from harness import runner, timing
 from harness.cli import workload_table
 from harness.registry import get_solution
 from harness.results import LateWork, SustainedTiming, TimingStats, save
@@ -288,6 +289,26 @@ def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
     save(result, root.parent / "results" / "cpu" / "recording.json")
     frame = comparing.load_frame(root.parent / "results")
     assert frame.sustained_us.iloc[0] == sustained.timing.mean_us == comparing.summary(frame).mean_sustained_us.iloc[0]
+
+
+def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the sustained run measured the solution's host ahead of the GPU and the harness's work beside it not
+    (faked here: a CPU run measures neither), the workload carries HARNESS_PACED and bench's table shows it."""
+
+    def paced(*args, **kwargs) -> timing.SustainedRun:
+        run = time_sustained(*args, **kwargs)
+        return replace(run, host_us=0.5 * run.timing.mean_us, harness_host_us=0.6 * run.timing.mean_us)
+
+    monkeypatch.setattr(runner, "time_sustained", paced)
+    root = make_solution("recording", RECORDING)
+    options = BenchOptions(trials=1, timing=FAST, sustained_s=0.05)
+    result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(
+        SMOKE, SMOKE.workloads[:1]
+    )
+    assert result.workloads[0].flags == ["HARNESS_PACED"] and result.workloads[0].sustained.harness_paced
+    console = Console(width=300, record=True)
+    console.print(workload_table(result))
+    assert "HARNESS_PACED" in console.export_text()
 
 
 def test_a_solution_wrong_under_sustained_load_fails_that_timing_alone(make_solution) -> None:
