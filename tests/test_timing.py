@@ -12,10 +12,11 @@ from typing import ClassVar
 import pytest
 import torch
 from rich.console import Console
+from typer.testing import CliRunner
 
 from harness import compare as comparing
 from harness import runner, timing
-from harness.cli import workload_table
+from harness.cli import app, workload_table
 from harness.registry import get_solution
 from harness.results import LateWork, SustainedTiming, TimingStats, save
 from harness.runner import (
@@ -293,7 +294,8 @@ def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
 
 def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the sustained run measured the solution's host ahead of the GPU and the harness's work beside it not
-    (faked here: a CPU run measures neither), the workload carries HARNESS_PACED and bench's table shows it."""
+    (faked here: a CPU run measures neither), the workload carries HARNESS_PACED, bench's table shows it and compare
+    notes it."""
 
     def paced(*args, **kwargs) -> timing.SustainedRun:
         run = time_sustained(*args, **kwargs)
@@ -309,6 +311,10 @@ def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypa
     console = Console(width=300, record=True)
     console.print(workload_table(result))
     assert "HARNESS_PACED" in console.export_text()
+    save(result, root.parent / "results" / "cpu" / "recording.json")
+    compared = CliRunner().invoke(app, ["compare", "--results-dir", str(root.parent / "results"), "--format", "csv"])
+    note = f"recording's sustained time on cpu at T = {result.workloads[0].num_tokens} was paced by the harness's host"
+    assert compared.exit_code == 0 and note in " ".join(compared.output.split())
 
 
 def test_a_solution_wrong_under_sustained_load_fails_that_timing_alone(make_solution) -> None:
