@@ -142,9 +142,9 @@ TIMING_METHODS = {
     "mixed_tokens_latency_us": "as latency_us, with T changing every call: the calls cycle through the T nearest the "
     "workload's (mixed_tokens), after one untimed round over them (bench --mixed-tokens)",
     "sustained_device_time_us": "CUDA events, the calls back to back with no pause (no spin, no synchronisation between "
-    "batches), grad_output and a block of 2% of each weight drawn anew and the L2 flushed before each, the first "
-    "second untimed (bench --sustained): the GPU at the clock its power limit allows under continuous load, as in a "
-    "training step",
+    "batches), grad_output drawn anew and the L2 flushed before each, a block of 2% of each weight too before one in "
+    "eight at random, the first second untimed (bench --sustained): the GPU at the clock its power limit allows under "
+    "continuous load, as in a training step",
 }
 
 
