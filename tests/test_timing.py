@@ -379,6 +379,21 @@ def test_a_sustained_call_without_fresh_weights_draws_grad_output_alone() -> Non
     assert torch.equal(with_blocks["grad_output"], inputs["grad_output"])
 
 
+def test_a_sustained_draw_issues_one_operation_per_draw_and_block_copy() -> None:
+    """The host issues draw_sustained between calls that follow each other with no pause, where each operation is a
+    launch on a GPU: without fresh blocks grad_output's draw alone; with them a draw and a saved copy per block, and
+    putting back a copy per block (views aside)."""
+    inputs = generate_inputs(SMOKE.workloads[5].dims, 7)
+    issued = {}
+    for fresh_weights in (False, True):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            draw_sustained(inputs, 11, fresh_weights)()
+        top = [event.name for event in profile.events() if event.cpu_parent is None and event.name != "aten::narrow"]
+        issued[fresh_weights] = top
+    assert issued[False] == ["aten::normal_"]
+    assert issued[True] == ["aten::normal_", *["aten::clone", "aten::normal_"] * 3, *["aten::copy_"] * 3]
+
+
 def test_the_sustained_sample_is_drawn_from_the_calls_with_fresh_weights() -> None:
     """TimedOutputChecks(fresh_weights_only=True) keeps only calls whose weight blocks were drawn anew, with their
     seeds and flags, so that their verification replays the blocks and judges staleness."""
