@@ -216,13 +216,14 @@ def draw_sustained(inputs: dict[str, torch.Tensor], seed: int, fresh_weights: bo
     values = torch.Generator(device=inputs["grad_output"].device).manual_seed(seed)
     inputs["grad_output"].normal_(generator=values)
     earlier = []
-    places = random.Random(seed) if fresh_weights else None
-    for name, f_axis in FRESH_WEIGHT_AXES.items() if places else ():
-        size = inputs[name].shape[f_axis]
-        width = math.ceil(FRESH_WEIGHT_SHARE * size)
-        block = inputs[name].narrow(f_axis, places.randrange(size - width + 1), width)
-        earlier.append((block, block.clone()))
-        block.normal_(0.0, WEIGHT_SCALE, generator=values)
+    if fresh_weights:
+        places = random.Random(seed)
+        for name, f_axis in FRESH_WEIGHT_AXES.items():
+            size = inputs[name].shape[f_axis]
+            width = math.ceil(FRESH_WEIGHT_SHARE * size)
+            block = inputs[name].narrow(f_axis, places.randrange(size - width + 1), width)
+            earlier.append((block, block.clone()))
+            block.normal_(0.0, WEIGHT_SCALE, generator=values)
 
     def put_back() -> None:
         for block, values_before in earlier:
