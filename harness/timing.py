@@ -257,18 +257,28 @@ def time_device(
     return _time_cpu(call, prepare, input_sets, config, after)
 
 
+EventPair = tuple[torch.cuda.Event, torch.cuda.Event]
+
+
+def _event_pairs(count: int) -> list[EventPair]:
+    """Start and end events for `count` timed calls. The queue-full timers make them once and record them again for
+    each batch once the last batch's were read: creating an event costs the host more than recording one, and the
+    back-to-back timer's host has to stay ahead of the GPU."""
+    return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+
+
 def _timed_call(
-    call: Callable[[int], None], prepare: Callable[[int], None], flush: L2Flusher, k: int, input_sets: int
-) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-    """Call k on input set k % input_sets, behind its prepare and an L2 flush (outside the window), between a start and
-    an end event on the current stream: how both queue-full timers issue a timed call."""
+    call: Callable[[int], None], prepare: Callable[[int], None], flush: L2Flusher, k: int, input_sets: int, events: EventPair
+) -> EventPair:
+    """Call k on input set k % input_sets, behind its prepare and an L2 flush (outside the window), between the start
+    and end of `events` recorded on the current stream: how both queue-full timers issue a timed call."""
     prepare(k % input_sets)
     flush()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = events
     start.record()
     call(k % input_sets)
     end.record()
-    return start, end
+    return events
 
 
 def _time_cuda(
@@ -301,11 +311,11 @@ def _time_cuda(
     charges: list[float] = []
     started = time.perf_counter()
     k = 0
+    events = _event_pairs(config.batch_calls)  # read before the next batch records them again
     while len(samples) < config.max_calls:
-        events = []
         torch.cuda._sleep(head_start_cycles)
-        for _ in range(config.batch_calls):
-            events.append(_timed_call(call, prepare, flush, k, input_sets))
+        for pair in events:
+            _timed_call(call, prepare, flush, k, input_sets, pair)
             after(config.warmup_calls + k)
             k += 1
         # The batch's end, the harness's checks queued behind its last call included: what the device still runs
@@ -397,16 +407,21 @@ def time_sustained(
         call(k)
         call_seconds += _clock() - began
 
-    def batch() -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    # Batch b records the events of ring[b % len(ring)]: the host reads a timed batch's events before it is more than
+    # BATCHES_AHEAD batches ahead of it, so a batch's events are read before they are recorded again (a settle batch's
+    # are never read).
+    ring = [_event_pairs(config.batch_calls) for _ in range(BATCHES_AHEAD + 2)]
+
+    def batch() -> list[EventPair]:
         nonlocal made
-        events = []
-        for _ in range(config.batch_calls):
-            events.append(_timed_call(issued, prepare, flush, made, input_sets))
+        events = ring[made // config.batch_calls % len(ring)]
+        for pair in events:
+            _timed_call(issued, prepare, flush, made, input_sets, pair)
             after(made)
             made += 1
         return events
 
-    queued: deque[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = deque()
+    queued: deque[list[EventPair]] = deque()
     deadline = _clock() + settle_s
     while not queued or _clock() < deadline:
         queued.append(batch())

@@ -196,6 +196,7 @@ class _FakeEvent:
     of 4 takes 1 ms, any other 3 ms (no timing of a few calls converges)."""
 
     recorded: ClassVar[list[_FakeEvent]] = []
+    read: ClassVar[list[int]] = []  # the numbers of the start events read, in order
 
     def __init__(self, enable_timing: bool = False) -> None:
         self.number = -1
@@ -205,6 +206,7 @@ class _FakeEvent:
         self.recorded.append(self)
 
     def elapsed_time(self, end: _FakeEvent) -> float:
+        self.read.append(self.number)
         return 1.0 if self.number % 4 == 0 else 3.0
 
 
@@ -212,6 +214,7 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, synchronize: Callable[[_FakeEven
     """time_sustained's CUDA calls faked: events of _FakeEvent's times, `synchronize` for the host's wait on one."""
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(_FakeEvent, "recorded", [])
+    monkeypatch.setattr(_FakeEvent, "read", [])
     monkeypatch.setattr(timing, "L2Flusher", lambda device: lambda: None)
     monkeypatch.setattr(timing, "_event_synchronize", synchronize)
     monkeypatch.setattr(timing, "device_wait_after", lambda event: 0.0)
@@ -220,7 +223,8 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, synchronize: Callable[[_FakeEven
 
 def test_sustained_timing_never_waits_for_the_latest_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """time_sustained's GPU path with the CUDA calls faked: the host only ever waits for a batch's end event once
-    BATCHES_AHEAD later batches are queued (until the last, drained), and every call after the settle calls is timed."""
+    BATCHES_AHEAD later batches are queued (until the last, drained), and every call after the settle calls is timed,
+    each by the events it recorded (the events are reused: none is recorded again before it was read)."""
     issued: list[int] = []  # calls issued, by the host's order
     waits: list[tuple[int, int]] = []  # (calls issued when the host waited, the call whose end event it waited for)
     _fake_cuda(monkeypatch, lambda event: waits.append((len(issued), event.number // 2)))
@@ -234,6 +238,8 @@ def test_sustained_timing_never_waits_for_the_latest_batches(monkeypatch: pytest
     drained = [waited for count, waited in waits if count == len(issued)]
     assert all(count - (waited + 1) >= ahead for count, waited in waits if count < len(issued))
     assert len(drained) == timing.BATCHES_AHEAD + 1  # the timed batches still queued when the issuing stopped
+    assert [number // 2 for number in _FakeEvent.read] == list(range(run.settle_calls, len(issued)))
+    assert len(set(_FakeEvent.recorded)) < len(_FakeEvent.recorded)
 
 
 def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(monkeypatch: pytest.MonkeyPatch) -> None:
