@@ -80,7 +80,7 @@ def load_frame(
                     "mixed_failed": bool(w.mixed_tokens and w.mixed_tokens.error),
                     "sustained_us": _optional_mean(w.sustained),
                     "sustained_failed": bool(w.sustained and w.sustained.error),
-                    "sustained_paced": bool(w.sustained and w.sustained.harness_paced),
+                    "sustained_paced": "HARNESS_PACED" in w.flags,
                 }
             )
     frame = pd.DataFrame(rows)

@@ -122,7 +122,7 @@ class TrialReport(BaseModel):
 # than its device time, so under the call-latency timer the GPU waits for the host. NOT_AUDITED: CUPTI refused the
 # launch audit on this workload, or NVML did not list the solution's process (harness.launch_audit), so work issued
 # outside the calls would have gone unseen. HARNESS_PACED: in the sustained timing the solution's host issued a call
-# faster than the GPU ran it, but not together with the harness's work between the calls (SustainedTiming): the GPU
+# faster than the GPU runs it, but not together with the harness's work between the calls (SustainedTiming): the GPU
 # waited for the harness, and the sustained time is an upper bound set by this machine's host.
 Flag = Literal["HOST_BOUND", "NOT_AUDITED", "HARNESS_PACED"]
 
@@ -171,10 +171,11 @@ class SustainedTiming(BaseModel):
     )
     error: str = ""
 
-    @property
-    def harness_paced(self) -> bool:
-        """The solution's host kept ahead of the GPU, the harness's work beside it did not (the HARNESS_PACED flag)."""
-        return self.timing is not None and self.host_us < self.timing.mean_us <= self.host_us + self.harness_host_us
+    def harness_paced(self, device_us: float) -> bool:
+        """The HARNESS_PACED flag: the solution's host issued a call faster than the GPU runs it (`device_us`, its device
+        time), and with the harness's work beside it did not keep up with the calls. Against the device time, not the
+        sustained mean: a host-bound solution's calls end soon after its last launch, so their mean is its own pace."""
+        return self.timing is not None and self.host_us < device_us and self.host_us + self.harness_host_us >= self.timing.mean_us
 
 
 class TimedChecks(BaseModel):

@@ -767,7 +767,7 @@ class Bench:
             result.mixed_tokens = self._time_mixed_tokens(call, workload, seeds)
         if self.options.sustained_s > 0:
             result.sustained = self._time_sustained(call, workload, pool, output_pool, seeds)
-            if result.sustained.harness_paced:
+            if result.sustained.harness_paced(result.device_time.mean_us):
                 result.flags.append("HARNESS_PACED")
 
     def _time_device(

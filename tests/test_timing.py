@@ -257,9 +257,10 @@ def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(mo
     run = timing.time_sustained(lambda k: spend(0.0015), lambda k: spend(0.001), 3, torch.device("cuda"), config, 0.01)
     assert run.host_us == pytest.approx(1500.0) and run.harness_host_us == pytest.approx(1000.0)
     paced = SustainedTiming(settle_s=0.01, timing=run.timing, host_us=run.host_us, harness_host_us=run.harness_host_us)
-    assert run.timing.mean_us == 2000.0 and paced.harness_paced
-    assert not paced.model_copy(update={"harness_host_us": 400.0}).harness_paced  # the host kept ahead of the GPU
-    assert not paced.model_copy(update={"host_us": 2100.0}).harness_paced  # the solution's own pace (HOST_BOUND)
+    assert run.timing.mean_us == 2000.0 and paced.harness_paced(device_us=2000.0)
+    assert not paced.model_copy(update={"harness_host_us": 400.0}).harness_paced(2000.0)  # the host kept ahead of the GPU
+    # the solution's own pace (HOST_BOUND): its calls' mean follows its host, a little above it
+    assert not paced.model_copy(update={"host_us": 1900.0}).harness_paced(device_us=1500.0)
 
 
 @pytest.mark.gpu
@@ -313,7 +314,8 @@ def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypa
     result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(
         SMOKE, SMOKE.workloads[:1]
     )
-    assert result.workloads[0].flags == ["HARNESS_PACED"] and result.workloads[0].sustained.harness_paced
+    workload = result.workloads[0]
+    assert workload.flags == ["HARNESS_PACED"] and workload.sustained.harness_paced(workload.device_time.mean_us)
     console = Console(width=300, record=True)
     console.print(workload_table(result))
     assert "HARNESS_PACED" in console.export_text()
