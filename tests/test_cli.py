@@ -47,7 +47,7 @@ def test_bench_then_compare(tmp_path: Path) -> None:
     assert table.exit_code == 0 and "6/6" in table.output
 
     csv = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
-    frame = pd.read_csv(io.StringIO(csv.output))
+    frame = pd.read_csv(io.StringIO(csv.stdout))
     assert set(frame.solution) == {"reference_fp32", "torch_eager"}
     assert list(frame.passed) == ["6/6", "6/6"]
     baseline = frame.set_index("solution").loc["reference_fp32"]
@@ -58,9 +58,9 @@ def test_bench_then_compare(tmp_path: Path) -> None:
     assert lines[0].startswith("| device | index | B | T |") and len(lines) == 2 + 6
 
     floors = invoke("compare", "--results-dir", str(tmp_path), "--by-workload", "--value", "floor_us", "--format", "csv")
-    floor = pd.read_csv(io.StringIO(floors.output)).set_index("index")
+    floor = pd.read_csv(io.StringIO(floors.stdout)).set_index("index")
     latency = pd.read_csv(
-        io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--by-workload", "--format", "csv").output)
+        io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--by-workload", "--format", "csv").stdout)
     )
     assert (floor.reference_fp32.astype(float) < latency.set_index("index").reference_fp32.astype(float)).all()
 
@@ -79,7 +79,7 @@ def test_another_suites_results_are_compared_and_plotted_apart(tmp_path: Path) -
     def suites(*extra: str) -> set[str]:
         table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv", *extra)
         assert table.exit_code == 0, table.output
-        return set(pd.read_csv(io.StringIO(table.output)).suite)
+        return set(pd.read_csv(io.StringIO(table.stdout)).suite)
 
     assert suites() == {"smoke"} and suites("--suite", "edges") == {"edges"}
     figures = invoke("plot", "--results-dir", str(tmp_path), "--suite", "edges", "--out", str(tmp_path / "figures"))
@@ -129,7 +129,7 @@ def test_compare_without_results(tmp_path: Path) -> None:
 
 def test_compare_takes_solutions_joined_by_commas_and_names_the_missing() -> None:
     both = invoke("compare", "-s", "triton_fused,torch_cublas", "--format", "csv")
-    assert both.exit_code == 0 and set(pd.read_csv(io.StringIO(both.output)).solution) == {"triton_fused", "torch_cublas"}
+    assert both.exit_code == 0 and set(pd.read_csv(io.StringIO(both.stdout)).solution) == {"triton_fused", "torch_cublas"}
     for args in (["-s", "triton_fused,nope"], ["-s", "triton_fused", "-s", "nope"]):
         result = invoke("compare", *args, "--device", "nvidia-h200")
         assert result.exit_code == 2 and "no results of nope under" in " ".join(result.output.split())
@@ -287,7 +287,7 @@ def test_compare_ranks_by_passed_workloads_and_averages_only_those(tmp_path: Pat
     for name, folder in (("fast_nan", root), ("torch_eager", None), ("reference_fp32", None)):
         extra = ["--solutions-dir", str(folder)] if folder else []
         invoke("bench", "-s", name, "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "4", *extra)
-    frame = pd.read_csv(io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--format", "csv").output))
+    frame = pd.read_csv(io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--format", "csv").stdout))
     assert list(frame.solution)[-1] == "fast_nan"
     failed = frame.set_index("solution").loc["fast_nan"]
     assert failed.passed == "0/6" and failed.failed == 6
@@ -347,7 +347,7 @@ def test_readme_table_is_what_the_committed_results_generate() -> None:
     marker = "<!-- harness compare --device nvidia-h200 --format markdown -->\n"
     table = readme[readme.index(marker) + len(marker) : readme.index("\n<!-- end of the generated table -->")]
     generated = invoke("compare", "--device", "nvidia-h200", "--format", "markdown")
-    assert generated.exit_code == 0 and generated.output.strip() == table.strip()
+    assert generated.exit_code == 0 and generated.stdout.strip() == table.strip()
 
 
 def test_help_shows_flags_without_a_type() -> None:
@@ -416,13 +416,13 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
     broken.rmdir()
     table = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
     assert table.exit_code == 0
-    summary = pd.read_csv(io.StringIO(table.output)).set_index("solution")
+    summary = pd.read_csv(io.StringIO(table.stdout)).set_index("solution")
     assert summary.mean_public_us["triton_fused"] == pytest.approx(comparing.load_frame(tmp_path).query(
         "solution == 'triton_fused'").public_us.mean(), abs=0.1)  # fmt: skip
     # several values per workload: a column per solution and value, the values in the order asked
     wide = invoke("compare", "--results-dir", str(tmp_path), "-s", "triton_fused", "--by-workload", "--value",
                   "latency_us,public_us,sustained_us", "--format", "csv")  # fmt: skip
-    rows = pd.read_csv(io.StringIO(wide.output))
+    rows = pd.read_csv(io.StringIO(wide.stdout))
     assert list(rows.columns[-3:]) == ["triton_fused latency_us", "triton_fused public_us", "triton_fused sustained_us"]
     frame = comparing.load_frame(tmp_path).query("solution == 'triton_fused'")
     assert rows["triton_fused sustained_us"].tolist() == pytest.approx(frame.sustained_us.tolist(), abs=0.1)
