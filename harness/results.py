@@ -157,7 +157,9 @@ class SustainedTiming(BaseModel):
     flushed before each, a block of each weight too before one in eight at random (runner.draw_sustained), the first
     `settle_s` seconds of calls untimed. The device time pauses between batches, and a GPU whose load pauses stays
     below its power limit, near its boost clock; under continuous heavy work the limit brings the clock down. A
-    solution whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step.
+    solution whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step. The
+    launch audit records throughout, adding host time to every launch, the harness's too (a step has none): where the
+    harness's work between the calls then holds the GPU back, the workload is flagged HARNESS_PACED.
     Sampled calls (of those with fresh weight blocks) and a last call on each input set, with fresh blocks, after the
     timed ones are checked against the reference (the outputs are not poisoned) and must lie nearer it than such a
     block moves it (runner.stale_outputs); a failure leaves `error`."""
