@@ -261,9 +261,9 @@ EventPair = tuple[torch.cuda.Event, torch.cuda.Event]
 
 
 def _event_pairs(count: int) -> list[EventPair]:
-    """Start and end events for `count` timed calls. The queue-full timers make them once and record them again for
-    each batch once the last batch's were read: creating an event costs the host more than recording one, and the
-    back-to-back timer's host has to stay ahead of the GPU."""
+    """Start and end events for `count` timed calls. The queue-full timers make them once and record them again once
+    their last timings were read: creating an event costs the host more than recording one, and the back-to-back
+    timer's host has to stay ahead of the GPU."""
     return [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
 
 
