@@ -184,7 +184,11 @@ class RecordWorkload(BaseModel):
     mixed_tokens: list[int] = Field(description="the T of the mixed-T timing's calls; none where not timed")
     mixed_tokens_latency_us: LatencyStats | None = Field(description="call latency with T changing every call")
     sustained_device_time_us: LatencyStats | None = Field(description="time per call with the calls back to back")
-    flags: list[str]
+    flags: list[str] = Field(
+        description="informational, never a failure: HOST_BOUND (the host issues a call more slowly than the GPU runs it), "
+        "NOT_AUDITED (the launch audit was off), HARNESS_PACED (the sustained time is an upper bound: the harness's host "
+        "work between the calls held the GPU back)"
+    )
     percent_of_sol: float | None
     percent_of_sol_measured: float | None
     sol_score: float | None
