@@ -269,7 +269,7 @@ def _event_pairs(count: int) -> list[EventPair]:
 
 def _timed_call(
     call: Callable[[int], None], prepare: Callable[[int], None], flush: L2Flusher, k: int, input_sets: int, events: EventPair
-) -> EventPair:
+) -> None:
     """Call k on input set k % input_sets, behind its prepare and an L2 flush (outside the window), between the start
     and end of `events` recorded on the current stream: how both queue-full timers issue a timed call."""
     prepare(k % input_sets)
@@ -278,7 +278,6 @@ def _timed_call(
     start.record()
     call(k % input_sets)
     end.record()
-    return events
 
 
 def _time_cuda(
