@@ -1084,23 +1084,27 @@ class TimedCall:
 
     def drawn_inputs(self, dims: Dims, device: torch.device) -> dict[str, torch.Tensor]:
         """The call's inputs drawn again from their seeds."""
+        return self._draw(dims, device)[0]
+
+    def _draw(self, dims: Dims, device: torch.device) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
+        """The call's inputs drawn again from their seeds, and what puts the base set's weight blocks back in them."""
         if self.base_seed is None:
-            return generate_inputs(dims, self.seed, device)
+            return generate_inputs(dims, self.seed, device), lambda: None
         inputs = generate_inputs(dims, self.base_seed, device)
-        draw_sustained(inputs, self.seed, self.fresh_weights)
-        return inputs
+        return inputs, draw_sustained(inputs, self.seed, self.fresh_weights)
 
     def verify(self, workload: Workload, device: torch.device) -> tuple[list[OutputCheck], Status, str]:
         """check_outputs of the call's outputs against the reference on its inputs drawn again; a sustained call's
         outputs where it drew fresh weight blocks must also lie nearer it than such a block moves it (stale_outputs),
         or they are INCORRECT_NUMERICAL."""
-        inputs = self.drawn_inputs(workload.dims, device)
+        inputs, put_back = self._draw(workload.dims, device)
         reference = compute_reference(inputs)
         checks, status, detail = check_outputs(workload, self.outputs, reference)
         if status is not Status.PASSED or not self.fresh_weights:
             return checks, status, detail
-        base = generate_inputs(workload.dims, self.base_seed, device)
-        without_each = [compute_reference({**inputs, name: base[name]}) for name in FRESH_WEIGHT_AXES]
+        fresh = {name: inputs[name].clone() for name in FRESH_WEIGHT_AXES}
+        put_back()  # inputs' weights as the base set drew them
+        without_each = [compute_reference({**inputs, **fresh, name: inputs[name]}) for name in FRESH_WEIGHT_AXES]
         stale = stale_outputs(self.outputs, reference, without_each)
         if stale:
             return checks, Status.INCORRECT_NUMERICAL, f"{stale} no nearer the reference than a fresh weight block moves it"

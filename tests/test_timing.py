@@ -34,6 +34,7 @@ from harness.runner import (
     mixed_token_counts,
     stale_outputs,
 )
+from harness.status import Status
 from harness.timing import (
     LATE_WORK_NOISE_US,
     FreshAddresses,
@@ -431,6 +432,20 @@ def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str)
     moved = ["grad_hidden_states", "grad_w1_weight", "grad_w3_weight"] if weight == "w2_weight" else ["grad_hidden_states"]
     named = stale_outputs([k.to(spec.dtype) for spec, k in zip(OUTPUTS, kept)], reference, without_each)
     assert [part.split(" (")[0] for part in named.split(", ")] == moved, named
+
+
+def test_a_verified_sustained_call_judges_staleness_against_its_own_draw() -> None:
+    """TimedCall.verify of a call with fresh weight blocks: the reference's outputs pass, outputs computed with the base
+    set's w1 (a copy kept from an earlier call) are INCORRECT_NUMERICAL, and verifying leaves no input drawn twice."""
+    workload = SMOKE.workloads[1]
+    call = TimedCall({}, 11, base_seed=7, fresh_weights=True)
+    inputs = call.drawn_inputs(workload.dims, torch.device("cpu"))
+    honest = [r.to(spec.dtype) for spec, r in zip(OUTPUTS, compute_reference(inputs))]
+    base_w1 = generate_inputs(workload.dims, 7)["w1_weight"]
+    stale = [r.to(spec.dtype) for spec, r in zip(OUTPUTS, compute_reference({**inputs, "w1_weight": base_w1}))]
+    assert replace(call, outputs=honest).verify(workload, torch.device("cpu"))[1] is Status.PASSED
+    _, status, detail = replace(call, outputs=stale).verify(workload, torch.device("cpu"))
+    assert status is Status.INCORRECT_NUMERICAL and detail.startswith("grad_hidden_states"), detail
 
 
 @pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
