@@ -349,6 +349,12 @@ def bench(
         except OSError as exc:  # the tables below still show the run
             errors.print(f"error: {path} not written: {exc.strerror or exc}", highlight=False)
             written, failed = "not written", True
+        skipped = {w.message for w in result.workloads if w.status is Status.SKIPPED}
+        if len(skipped) == 1 and all(w.status is Status.SKIPPED for w in result.workloads):
+            # one reason for every workload (a device it does not run on, a missing extra): a line, not a table of them
+            reason = escape(skipped.pop().removeprefix(f"solution '{result.solution.name}' "))
+            console.print(f"{result.solution.name}: every workload SKIPPED ({reason}); {written}", highlight=False)
+            continue
         console.print(workload_table(result))
         for table in kernel_tables(result):
             console.print(table)
