@@ -118,6 +118,8 @@ def _with_scores(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.merge(base, on=["device", "suite", "uuid"], how="left")
 
     def score(row: pd.Series, latency: str, baseline: str) -> float:
+        if row.status == Status.SKIPPED.value:  # not run here (another device, a missing extra): no score at all
+            return math.nan
         if row.status != Status.PASSED.value:
             return 0.0
         if pd.isna(row[baseline]) or pd.isna(row.sol_us) or pd.isna(row[latency]):
@@ -138,20 +140,22 @@ def _geomean(values: pd.Series) -> float:
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (device, suite, solution), ranked by workloads passed, then by mean call latency: call-latency
     aggregates, %SOL and speedup over the passed workloads only (a failed workload's time is no result), S over all
-    (a failed workload scores 0), then the mean device time, its S, the mean host cost, the public evaluator's mean
-    latency, the mean call latency with T changing every call (bench --mixed-tokens) and the mean time per call with
-    the calls back to back (bench --sustained). A solution that failed any workload says how many in `failed`."""
+    (a failed workload scores 0, a skipped one is left out), then the mean device time, its S, the mean host cost, the
+    public evaluator's mean latency, the mean call latency with T changing every call (bench --mixed-tokens) and the
+    mean time per call with the calls back to back (bench --sustained). A solution that failed any workload says how
+    many in `failed`; SKIPPED is no failure."""
     rows = []
     for (device, suite, solution), group in frame.groupby(["device", "suite", "solution"], sort=False):
         passed = group[group.status == Status.PASSED.value]
         timed = passed.latency_us.dropna()
+        skipped = int((group.status == Status.SKIPPED.value).sum())
         rows.append(
             {
                 "device": device,
                 "suite": suite,
                 "solution": solution,
                 "passed": f"{len(passed)}/{len(group)}",
-                "failed": len(group) - len(passed),
+                "failed": len(group) - len(passed) - skipped,
                 "mean_us": timed.mean() if len(timed) else math.nan,
                 "geomean_us": _geomean(timed),
                 "mean_pct_sol": passed.pct_sol.mean(),

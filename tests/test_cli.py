@@ -295,6 +295,19 @@ def test_compare_ranks_by_passed_workloads_and_averages_only_those(tmp_path: Pat
     assert pd.isna(failed.mean_us) and pd.isna(failed.speedup_vs_baseline) and failed.mean_sol_score == 0
 
 
+def test_compare_counts_a_skipped_workload_as_neither_failed_nor_scored(tmp_path: Path, make_solution) -> None:
+    """A solution that could not run here (a GPU-only one on the CPU) has no failures and no S, not S = 0: SKIPPED
+    says nothing of its kernels."""
+    root = make_solution("gpu_only", "def run(*tensors):\n    pass\n", devices="[cuda]")
+    invoke("bench", "-s", "gpu_only", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
+    invoke("bench", "-s", "torch_eager", "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "4")
+    frame = pd.read_csv(io.StringIO(invoke("compare", "--results-dir", str(tmp_path), "--format", "csv").stdout))
+    assert list(frame.solution) == ["torch_eager", "gpu_only"]
+    skipped = frame.set_index("solution").loc["gpu_only"]
+    assert skipped.passed == "0/6" and skipped.failed == 0
+    assert pd.isna(skipped.mean_us) and pd.isna(skipped.mean_sol_score) and pd.isna(skipped.mean_device_sol_score)
+
+
 def test_a_broken_manifest_stops_only_what_names_it(tmp_path: Path, make_solution) -> None:
     root = make_solution("good", "def run(*tensors):\n    pass\n")
     broken = root / "broken"
