@@ -203,7 +203,8 @@ def bench(
         typer.Option(help="workload suite by name, or a manifest's path (.yaml); default: public on a GPU, smoke on a CPU"),
     ] = None,
     workload: Annotated[
-        Optional[list[str]], typer.Option("--workload", "-w", help="uuid (or prefix) or index; repeatable")
+        Optional[list[str]],
+        typer.Option("--workload", "-w", help="uuid (or prefix) or index; several joined by commas, or repeated"),
     ] = None,
     trials: Annotated[
         Optional[int], typer.Option(min=1, help="correctness trials per workload; default 5 on GPU, 3 on CPU")
@@ -259,7 +260,10 @@ def bench(
             console.print("[yellow]No CUDA GPU: running the smoke suite on the CPU; times are CPU wall clock.[/yellow]")
     try:
         chosen_suite = load_suite(Path(suite)) if suite.endswith((".yaml", ".yml")) else load_named_suite(suite)
-        chosen = chosen_suite.select(workload) if workload else chosen_suite.workloads
+        keys = [key.strip() for joined in workload or [] for key in joined.split(",") if key.strip()]
+        if workload and not keys:
+            fail(f"--workload names no workload ('{' '.join(workload)}'): give uuids, uuid prefixes or indices, joined by commas")
+        chosen = chosen_suite.select(keys) if keys else chosen_suite.workloads
         if dev.type == "cpu" and needs_gpu(chosen):
             fail(f"the {suite} suite (H={HIDDEN_DIM}, F={FFN_DIM}) needs a CUDA GPU; on a CPU use --suite smoke")
         names = list(discover(solutions_dir)) if solution == "all" else [n.strip() for n in solution.split(",") if n.strip()]

@@ -194,12 +194,14 @@ def test_an_interrupted_bench_writes_what_finished_as_a_partial_run(tmp_path: Pa
 
 def test_side_by_side_bench_writes_one_file_per_solution(tmp_path: Path) -> None:
     result = invoke(
-        "bench", "-s", "torch_eager,reference_fp32", "-w", "0", "-w", "3", "--trials", "1", "--max-calls", "4",
+        "bench", "-s", "torch_eager,reference_fp32", "-w", "0,5", "-w", "3", "--trials", "1", "--max-calls", "4",
         "--results-dir", str(tmp_path),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "torch_eager: passed 2/2" in result.output and "reference_fp32: passed 2/2" in result.output
+    assert "torch_eager: passed 3/3" in result.output and "reference_fp32: passed 3/3" in result.output
     assert {p.name for p in (tmp_path / "cpu" / "partial").iterdir()} == {"torch_eager.json", "reference_fp32.json"}
+    indices = [w["index"] for w in json.loads((tmp_path / "cpu" / "partial" / "torch_eager.json").read_text())["workloads"]]
+    assert indices == [0, 3, 5]
 
 
 def test_plot_writes_figures(tmp_path: Path) -> None:
