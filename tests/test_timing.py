@@ -435,8 +435,9 @@ def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str)
 
 
 def test_a_verified_sustained_call_judges_staleness_against_its_own_draw() -> None:
-    """TimedCall.verify of a call with fresh weight blocks: the reference's outputs pass, outputs computed with the base
-    set's w1 (a copy kept from an earlier call) are INCORRECT_NUMERICAL, and verifying leaves no input drawn twice."""
+    """TimedCall.verify of a call with fresh weight blocks, whose base weights it gets back through draw_sustained's
+    put-back: the reference's outputs pass, outputs computed with the base set's w1 (a copy kept from an earlier call)
+    are INCORRECT_NUMERICAL (without the put-back no block would move the reference and nothing would be stale)."""
     workload = SMOKE.workloads[1]
     call = TimedCall({}, 11, base_seed=7, fresh_weights=True)
     inputs = call.drawn_inputs(workload.dims, torch.device("cpu"))
