@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -62,6 +62,12 @@ MAX_SEED = 2**32 - 1
 def _message(exc: Exception) -> str:
     """The error's own message (a KeyError's str() would quote it)."""
     return str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+
+
+def joined_items(options: Sequence[str] | None) -> list[str]:
+    """The items of options given repeated or joined by commas (names, workload keys, values), in order, blanks left
+    out: how every option of the CLI that takes several reads them."""
+    return [item.strip() for joined in options or () for item in joined.split(",") if item.strip()]
 
 
 def fail(message: str) -> None:
@@ -260,13 +266,13 @@ def bench(
             console.print("[yellow]No CUDA GPU: running the smoke suite on the CPU; times are CPU wall clock.[/yellow]")
     try:
         chosen_suite = load_suite(Path(suite)) if suite.endswith((".yaml", ".yml")) else load_named_suite(suite)
-        keys = [key.strip() for joined in workload or [] for key in joined.split(",") if key.strip()]
+        keys = joined_items(workload)
         if workload and not keys:
             fail(f"--workload names no workload ('{' '.join(workload)}'): give uuids, uuid prefixes or indices, joined by commas")
         chosen = chosen_suite.select(keys) if keys else chosen_suite.workloads
         if dev.type == "cpu" and needs_gpu(chosen):
             fail(f"the {suite} suite (H={HIDDEN_DIM}, F={FFN_DIM}) needs a CUDA GPU; on a CPU use --suite smoke")
-        names = list(discover(solutions_dir)) if solution == "all" else [n.strip() for n in solution.split(",") if n.strip()]
+        names = list(discover(solutions_dir)) if solution == "all" else joined_items([solution])
         if not names:
             fail(f"--solution names no solution ('{solution}'): give one or more names joined by commas, or 'all'")
         solutions = [get_solution(name, solutions_dir) for name in names]
@@ -410,7 +416,7 @@ def list_cmd(
 def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
     """The result frame of the chosen solutions (names repeated or joined by commas, as bench takes them); a solution
     asked for without results is an error, not a row left out."""
-    names = [name.strip() for joined in solutions or [] for name in joined.split(",") if name.strip()] or None
+    names = joined_items(solutions) or None
     frame = comparing.load_frame(results_dir, device, names, suite)
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
@@ -458,7 +464,7 @@ def compare_cmd(
     """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""
     if fmt not in ("table", "csv", "markdown"):
         fail(f"--format must be table, csv or markdown, got '{fmt}'")
-    values = tuple(v.strip() for v in value.split(",") if v.strip())
+    values = tuple(joined_items([value]))
     if not values or any(v not in BY_WORKLOAD_VALUES for v in values):
         fail(f"--value must be one or more of {', '.join(BY_WORKLOAD_VALUES)} joined by commas, got '{value}'")
     frame = load_results_or_fail(results_dir, device, solution, suite)
