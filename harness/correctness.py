@@ -5,17 +5,20 @@ An element passes when |out - ref| <= atol + rtol * |ref|, both compared in floa
 declared shape, dtype and a contiguous layout, holds no NaN/Inf, is not all zeros where the reference is not, at least
 `required_matched_ratio` of its elements pass, and, where the workload sets `max_error_cap`, no element's absolute
 error exceeds it. The relative error reported is |out - ref| / max(|ref|, atol), as the evaluator reports it (a
-reference element near zero would otherwise make it meaningless).
+reference element near zero would otherwise make it meaningless). check_outputs checks all five against the reference
+that compute_reference computes under strict float32 settings.
 """
 
 from __future__ import annotations
 
 import torch
 
+from harness import guards
 from harness.results import OutputCheck
-from harness.status import Status
-from harness.workloads import Tolerance
-from reference.problem import TensorSpec
+from harness.status import Status, worst
+from harness.workloads import Tolerance, Workload
+from reference import reference_backward
+from reference.problem import OUTPUTS, TensorSpec
 
 # An output with no nonzero element where the reference has one: no work done at all (the evaluator fails it whatever
 # its matched ratio, which can pass where most of the reference is zero: grad_hidden_states when T << B).
@@ -75,3 +78,20 @@ def check_output(
         has_inf=has_inf,
         all_zeros=all_zeros,
     )
+
+
+def check_outputs(
+    workload: Workload, produced: list[object], reference: tuple[torch.Tensor, ...]
+) -> tuple[list[OutputCheck], Status, str]:
+    """Every output against the reference: the checks, the worst status, and what failed."""
+    checks = [
+        check_output(spec, spec.concrete_shape(workload.dims), out, ref, workload.tolerance)
+        for spec, out, ref in zip(OUTPUTS, produced, reference)
+    ]
+    message = "; ".join(f"{c.name}: {c.message}" for c in checks if c.status is not Status.PASSED)
+    return checks, worst([c.status for c in checks]), message
+
+
+def compute_reference(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    with guards.strict_fp32():
+        return reference_backward(*inputs.values())

@@ -5,11 +5,11 @@ native thread the solution starts sees the device too: it can issue the rest of 
 returned (the moment the device goes idle, say, ahead of the harness's reads of the outputs), outside every timed
 window, and none of those checks would notice. CUPTI's activity records see every runtime and driver call of the
 process, each with the host thread that made it and the time. So while a workload is measured, the harness notes the
-host span of every call (`LaunchAudit.call`, through runner.SolutionCaller) and lists, at the end, the calls of the
-functions that issue GPU work (ISSUING_APIS: launches, copies, fills, graph launches, stream memory operations) that
+host span of every call (`LaunchAudit.call`, through reward_hacks.SolutionCaller) and lists, at the end, the calls of
+the functions that issue GPU work (ISSUING_APIS: launches, copies, fills, graph launches, stream memory operations) that
 a thread other than its own made while no call was running. No honest solution makes one: it has nothing to issue
-between calls. The calls themselves are judged rather than the kernel, copy and fill records they produce, because
-some work (a stream memory operation such as cuStreamWriteValue32) leaves no record of its own.
+between calls. The calls themselves are judged rather than the kernel, copy and fill records they produce, because some
+work (a stream memory operation such as cuStreamWriteValue32) leaves no record of its own.
 
 The public evaluator times calls with CUPTI recording runtime and driver calls too; the audit records only the
 functions that issue work, which keeps its host cost to a few percent of a host-bound call's (docs/performance.md).

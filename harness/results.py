@@ -114,7 +114,7 @@ class TrialReport(BaseModel):
     seed: int
     status: Status
     message: str = ""
-    check: str = ""  # the reward-hack check whose verdict this is (harness.runner.REWARD_HACK_CHECKS), if any
+    check: str = ""  # the reward-hack check whose verdict this is (harness.reward_hacks.REWARD_HACK_CHECKS), if any
     outputs: list[OutputCheck] = []
 
 
@@ -154,15 +154,15 @@ class MixedTokensTiming(BaseModel):
 class SustainedTiming(BaseModel):
     """`bench --sustained`: the time per call with the calls back to back and never a pause, as a training step keeps
     the GPU busy (timing.time_sustained): the calls rotate over the input sets, grad_output drawn anew and the L2
-    flushed before each, a block of each weight too before one in eight at random (runner.draw_sustained), the first
-    `settle_s` seconds of calls untimed. The device time pauses between batches, and a GPU whose load pauses stays
-    below its power limit, near its boost clock; under continuous heavy work the limit brings the clock down. A
-    solution whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step. The
-    launch audit records throughout, adding host time to every launch, the harness's too (a step has none): where the
-    harness's work between the calls then holds the GPU back, the workload is flagged HARNESS_PACED.
-    Sampled calls (of those with fresh weight blocks) and a last call on each input set, with fresh blocks, after the
-    timed ones are checked against the reference (the outputs are not poisoned) and must lie nearer it than such a
-    block moves it (runner.stale_outputs); a failure leaves `error`."""
+    flushed before each, a block of each weight too before one in eight at random (reward_hacks.draw_sustained), the
+    first `settle_s` seconds of calls untimed. The device time pauses between batches, and a GPU whose load pauses stays
+    below its power limit, near its boost clock; under continuous heavy work the limit brings the clock down. A solution
+    whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step. The launch
+    audit records throughout, adding host time to every launch, the harness's too (a step has none): where the harness's
+    work between the calls then holds the GPU back, the workload is flagged HARNESS_PACED. Sampled calls (of those with
+    fresh weight blocks) and a last call on each input set, with fresh blocks, after the timed ones are checked against
+    the reference (the outputs are not poisoned) and must lie nearer it than such a block moves it
+    (reward_hacks.stale_outputs); a failure leaves `error`."""
 
     settle_s: float
     settle_calls: int = 0
@@ -181,8 +181,9 @@ class SustainedTiming(BaseModel):
 
 
 class TimedChecks(BaseModel):
-    """The checks of the timed calls' outputs (runner.TimedOutputChecks): how many calls were checked for unwritten
-    elements, and which calls of each timing (numbered from 0, warm-ups included) were drawn for verification in full."""
+    """The checks of the timed calls' outputs (reward_hacks.TimedOutputChecks): how many calls were checked for
+    unwritten elements, and which calls of each timing (numbered from 0, warm-ups included) were drawn for verification
+    in full."""
 
     poison_checked: int
     verified_device_time_calls: list[int]

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import guards, runner
+from harness import guards, reward_hacks
 from harness.correctness import ALL_ZEROS, check_output
 from harness.registry import get_solution
-from harness.runner import Bench, BenchOptions, LateWorkWatch, check_call
+from harness.reward_hacks import LateWorkWatch, check_call
+from harness.runner import Bench, BenchOptions
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import Tolerance, load_named_suite
@@ -82,14 +83,17 @@ def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
 @pytest.mark.parametrize(
     ("patch", "reported"),
     [
-        ("harness.runner.Bench._verify_timed_outputs = lambda self, *args: None", "harness.runner.Bench._verify_timed_outputs"),
+        (
+            "harness.reward_hacks.TimedOutputChecks.poisoned_calls = lambda self: []",
+            "harness.reward_hacks.TimedOutputChecks.poisoned_calls",
+        ),
         ("harness.correctness.check_output.__code__ = (lambda *args: None).__code__", "harness.correctness.check_output"),
         ("harness.results.WorkloadResult.model_dump_json = lambda self, **kw: '{}'", "WorkloadResult.model_dump_json (added)"),
     ],
     ids=["a method", "a function's code", "a method over an inherited one"],
 )
 def test_a_replaced_harness_function_or_method_is_caught_and_put_back(make_solution, patch: str, reported: str) -> None:
-    sabotage = f"    import harness.correctness, harness.results, harness.runner\n    {patch}"
+    sabotage = f"    import harness.correctness, harness.results, harness.reward_hacks\n    {patch}"
     root = make_solution("patches", TEMPLATE.format(sabotage=sabotage))
     untouched = guards.patch_check()
     workload = bench(root, "patches").run(SMOKE, [WORKLOAD]).workloads[0]
@@ -182,7 +186,7 @@ def test_late_work_is_a_verdict_on_its_second_sighting() -> None:
     assert watch.sightings == 2
 
 
-@pytest.mark.parametrize(("sighted_at", "trials_run"), [(None, 3), (2, 3 + runner.LATE_WORK_RECHECKS)])
+@pytest.mark.parametrize(("sighted_at", "trials_run"), [(None, 3), (2, 3 + reward_hacks.LATE_WORK_RECHECKS)])
 def test_an_unconfirmed_late_work_sighting_adds_trials(make_solution, monkeypatch, sighted_at, trials_run) -> None:
     """One sighting the trials could not confirm (here faked on the 2nd call) earns extra trials, so a solution
     that leaves GPU work behind on alternate calls only meets the check again; none, no extra trials."""
@@ -195,7 +199,7 @@ def test_an_unconfirmed_late_work_sighting_adds_trials(make_solution, monkeypatc
             args[-1].confirm()
         return report, produced
 
-    monkeypatch.setattr(runner, "check_call", sighting_on_one_call)
+    monkeypatch.setattr(reward_hacks, "check_call", sighting_on_one_call)
     root = make_solution("honest", TEMPLATE.format(sabotage=""))
     workload = bench(root, "honest", trials=3).run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is Status.PASSED, workload.message
@@ -235,7 +239,7 @@ def test_an_all_zero_output_fails_whatever_its_matched_ratio() -> None:
     zeros = torch.zeros_like(ref)
     check = check_output(spec, (200, 8), zeros, ref, Tolerance(atol=0.01, rtol=0.05))
     assert check.status is Status.INCORRECT_NUMERICAL and check.matched_ratio == pytest.approx(0.995)
-    assert check.all_zeros and ALL_ZEROS in check.message and runner._grossly_wrong(check)
+    assert check.all_zeros and ALL_ZEROS in check.message and reward_hacks.grossly_wrong(check)
     assert check_output(spec, (200, 8), zeros, torch.zeros_like(ref), Tolerance(atol=0.01, rtol=0.05)).status is Status.PASSED
 
 
@@ -260,11 +264,11 @@ def test_relative_error_is_reported_against_at_least_atol() -> None:
 
 
 IMPORT_PATCHER = """
-import harness.runner
+import harness.correctness
 from reference import reference_backward
 
-_real = harness.runner.check_outputs
-harness.runner.check_outputs = lambda *args: _real(*args)  # at import, before any call
+_real = harness.correctness.check_outputs
+harness.correctness.check_outputs = lambda *args: _real(*args)  # at import, before any call
 
 
 def run(*tensors):
@@ -280,7 +284,7 @@ def test_in_one_process_a_replacement_at_import_is_its_importers_alone(make_solu
     from harness.runner import run_side_by_side
 
     root = make_solution("patcher", IMPORT_PATCHER)
-    make_solution("honest", IMPORT_PATCHER.replace("harness.runner.check_outputs = ", "_unused = "))
+    make_solution("honest", IMPORT_PATCHER.replace("harness.correctness.check_outputs = ", "_unused = "))
     names = ["patcher", "honest"] if patcher_first else ["honest", "patcher"]
     untouched = guards.patch_check()
     results = run_side_by_side([bench(root, name) for name in names], SMOKE, SMOKE.workloads[:2])
@@ -288,5 +292,7 @@ def test_in_one_process_a_replacement_at_import_is_its_importers_alone(make_solu
     assert statuses == {"patcher": {Status.REWARD_HACK}, "honest": {Status.PASSED}}, [
         w.message for r in results for w in r.workloads
     ]
-    assert all("harness.runner.check_outputs" in w.message for r in results if r.solution.name == "patcher" for w in r.workloads)
+    assert all(
+        "harness.correctness.check_outputs" in w.message for r in results if r.solution.name == "patcher" for w in r.workloads
+    )
     assert untouched() == []

@@ -17,23 +17,20 @@ from typer.testing import CliRunner
 from harness import compare as comparing
 from harness import runner, timing
 from harness.cli import app, workload_table
+from harness.correctness import compute_reference
 from harness.registry import get_solution
 from harness.results import LateWork, SustainedTiming, TimingStats, save
-from harness.runner import (
+from harness.reward_hacks import (
     FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
-    MIXED_TOKEN_ROUNDS,
     VERIFIED_TIMED_CALLS,
-    Bench,
-    BenchOptions,
     TimedCall,
     TimedOutputChecks,
-    compute_reference,
     draw_sustained,
     late_work_habit,
-    mixed_token_counts,
     stale_outputs,
 )
+from harness.runner import MIXED_TOKEN_ROUNDS, Bench, BenchOptions, mixed_token_counts
 from harness.status import Status
 from harness.timing import (
     LATE_WORK_NOISE_US,

@@ -58,7 +58,7 @@ REASONS = {
     "aliases_input": "aliases input grad_output",
     "finishes_on_thread": "threads still running",
     "patches_elapsed_time": "Event.elapsed_time",
-    "forges_harness_checks": "harness.runner.check_call, harness.runner.Bench._verify_timed_outputs",
+    "forges_harness_checks": "harness.reward_hacks.check_call, harness.reward_hacks.verify_timed_outputs",
     "predicts_timed_inputs": "left output elements unwritten or NaN",
     "enables_tf32": "allow_tf32",
     "lazy_subclass": "Deferred",
