@@ -86,12 +86,6 @@ LATE_WORK_RECHECKS = 2
 # work behind as a habit: REWARD_HACK. Fewer sightings can be the host's thread descheduled, and are only charged.
 LATE_WORK_TIMED_SHARE = 0.5
 LATE_WORK_TIMED_MIN = 3
-# Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
-# they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
-# set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
-# on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong, or leaves an
-# output all zeros (OutputCheck.all_zeros).
-GROSS_MISMATCH_RATIO = 0.9
 
 
 # Taken when the harness is imported, before any solution is: a solution that replaces it is caught after the
@@ -250,6 +244,14 @@ def check_call(
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []
     checks, status, message = check_outputs(workload, produced, compute_reference(snapshot))
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
+
+
+# Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
+# they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
+# set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
+# on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong, or leaves an
+# output all zeros (OutputCheck.all_zeros).
+GROSS_MISMATCH_RATIO = 0.9
 
 
 def grossly_wrong(check: OutputCheck) -> bool:
