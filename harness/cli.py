@@ -257,7 +257,8 @@ def bench(
     from harness.isolation import RunPlan, Timeouts
     from harness.launch_audit import LaunchAudit
     from harness.parallel import device_slots, run_local, run_ray
-    from harness.runner import SUSTAINED_SETTLE_S, Bench, BenchOptions, Interrupted, Scorer, run_side_by_side
+    from harness.runner import SUSTAINED_SETTLE_S, Bench, BenchOptions, Interrupted, run_side_by_side
+    from harness.scoring import Scorer
 
     dev = pick_device(device)
     if suite is None:

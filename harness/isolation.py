@@ -37,7 +37,8 @@ from pydantic import ValidationError
 from harness import provenance
 from harness.registry import get_solution
 from harness.results import BenchResult, WorkloadResult
-from harness.runner import Baseline, BenchOptions, Scorer, bench_config, solution_record
+from harness.runner import BenchOptions, bench_config, solution_record
+from harness.scoring import Baseline, Scorer
 from harness.status import Status
 from harness.worker import job_setup
 from harness.workloads import Suite, Workload

@@ -34,7 +34,8 @@ import torch
 from harness import guards
 from harness.isolation import RunPlan, Worker
 from harness.results import BASELINE_SOLUTION, BenchResult, WorkloadResult, baseline_first
-from harness.runner import Baseline, Interrupted, Scorer, stopped_by_signals
+from harness.runner import Interrupted, stopped_by_signals
+from harness.scoring import Baseline, Scorer
 from harness.status import Status
 from harness.worker import bench_from_setup
 from harness.workloads import Suite, Workload

@@ -25,7 +25,6 @@ GPU work issued by another thread, or by a process the solution started, while n
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import secrets
 import signal
@@ -50,16 +49,12 @@ from harness.results import (
     GraphTiming,
     LaunchFloor,
     MixedTokensTiming,
-    ResultsError,
     SolutionRecord,
     SustainedTiming,
     TimedChecks,
     TrialReport,
     WorkloadResult,
     baseline_first,
-    load_calibration,
-    load_result,
-    result_path,
 )
 from harness.reward_hacks import (
     FRESH_WEIGHT_CALLS,
@@ -73,7 +68,7 @@ from harness.reward_hacks import (
     draw_sustained,
     patched_message,
 )
-from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
+from harness.scoring import Baseline, Scorer
 from harness.status import Status, worst
 from harness.timing import (
     FreshAddresses,
@@ -85,9 +80,9 @@ from harness.timing import (
     time_launch_floor,
     time_sustained,
 )
-from harness.workloads import Suite, Workload, available_suites
+from harness.workloads import Suite, Workload
 from reference import allocate_inputs, draw_normal, fill_inputs, validate_token_indices
-from reference.problem import INPUTS, OUTPUTS, Dims, bytes_moved, flops
+from reference.problem import INPUTS, OUTPUTS, Dims
 
 
 @dataclass
@@ -100,18 +95,6 @@ class BenchOptions:
     mixed_tokens: bool = False  # also time calls whose T changes every call (results.MixedTokensTiming)
     sustained_s: float = 0.0  # > 0: also the calls back to back, the first this many seconds untimed (SustainedTiming)
     kernels: bool = False  # also record the GPU activity of single calls (torch.profiler)
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """reference_fp32's means on one workload: T_b of the call-latency and of the device-time scores."""
-
-    latency_us: float | None
-    device_us: float | None
-
-    @classmethod
-    def of(cls, result: WorkloadResult) -> Baseline:
-        return cls(result.latency_us, result.device_us)
 
 
 def trial_seed(base_seed: int, workload_index: int, trial: int) -> int:
@@ -190,95 +173,6 @@ def bench_config(suite: Suite, options: BenchOptions, device: torch.device) -> B
         kernels=options.kernels,
         launch_audit=LaunchAudit.method(device),
     )
-
-
-class Scorer:
-    """The roofline verdicts on one device: T_SOL, percent of SOL, INVALID_TIMING and the SOL score.
-
-    The worker that measured a result and the parent that collects it (harness.isolation) both use it, so
-    the parent re-derives every verdict from the reported time instead of trusting the worker's.
-    """
-
-    def __init__(self, device: torch.device, results_dir: Path, solution: str = ""):
-        self.device = device
-        self.results_dir = results_dir
-        self.solution = solution
-        self.device_slug = provenance.device_slug(device)
-        self.peaks = datasheet_peaks(provenance.device_name(device)) if device.type == "cuda" else None
-        calibration = load_calibration(results_dir, self.device_slug) if device.type == "cuda" else None
-        self.measured_peaks = (
-            DevicePeaks("measured", calibration.matmul_flops_per_s, calibration.copy_bytes_per_s, calibration.method)
-            if calibration
-            else None
-        )
-
-    def for_solution(self, name: str) -> Scorer:
-        other = copy.copy(self)
-        other.solution = name
-        return other
-
-    def baseline_from_file(self) -> dict[str, Baseline]:
-        """T_b per workload uuid from this device's reference_fp32 result files, those of every suite in workloads/
-        (full runs only; a workload's uuid names it in every suite); files it cannot read are passed over."""
-        paths = {result_path(self.results_dir, self.device_slug, BASELINE_SOLUTION, suite=name) for name in available_suites()}
-        baseline = {}
-        for path in sorted(p for p in paths if p.exists()):
-            try:
-                workloads = load_result(path).workloads
-            except ResultsError:  # a file this harness cannot read gives no T_b; a baseline run alongside still does
-                continue
-            baseline.update({w.uuid: Baseline.of(w) for w in workloads if w.latency_us is not None})
-        return baseline
-
-    def base(
-        self, workload: Workload, index: int, status: Status, message: str, baseline: Baseline | None = None
-    ) -> WorkloadResult:
-        dims = workload.dims
-        return WorkloadResult(
-            uuid=workload.uuid,
-            index=index,
-            batch_seq_len=dims.batch_seq_len,
-            num_tokens=dims.num_tokens,
-            hidden_dim=dims.hidden_dim,
-            ffn_dim=dims.ffn_dim,
-            status=status,
-            message=message,
-            flops=flops(dims),
-            bytes=bytes_moved(dims),
-            baseline_us=baseline.latency_us if baseline else None,
-            device_baseline_us=baseline.device_us if baseline else None,
-        )
-
-    def rescore(self, result: WorkloadResult) -> WorkloadResult:
-        dims = Dims(result.batch_seq_len, result.num_tokens, result.hidden_dim, result.ffn_dim)
-        result.flops, result.bytes = flops(dims), bytes_moved(dims)
-        result.sol_us = sol_time_us(dims, self.peaks) if self.peaks else None
-        result.sol_us_measured = sol_time_us(dims, self.measured_peaks) if self.measured_peaks else None
-        timed = [t for t in (result.call_latency, result.device_time) if t is not None]
-        if not timed:
-            return result
-        fastest = min(t.mean_us for t in timed)
-        if result.sol_us is not None and fastest < result.sol_us and result.status in (Status.PASSED, Status.INCORRECT_NUMERICAL):
-            result.status = Status.INVALID_TIMING
-            result.message = f"mean {fastest:.1f} us is below the roofline's {result.sol_us:.1f} us: physically impossible"
-        if self.solution == BASELINE_SOLUTION:
-            result.baseline_us, result.device_baseline_us = result.latency_us, result.device_us
-        result.percent_of_sol, result.percent_of_sol_measured, result.sol_score = self._scores(
-            result, result.latency_us, result.baseline_us
-        )
-        result.device_percent_of_sol, result.device_percent_of_sol_measured, result.device_sol_score = self._scores(
-            result, result.device_us, result.device_baseline_us
-        )
-        return result
-
-    def _scores(self, result: WorkloadResult, latency: float | None, baseline: float | None) -> tuple[float | None, ...]:
-        """(%SOL with datasheet peaks, %SOL with measured ceilings, SOL score) of one timing."""
-        if latency is None:
-            return None, None, None
-        percent = percent_of_sol(latency, result.sol_us) if result.sol_us is not None else None
-        measured = percent_of_sol(latency, result.sol_us_measured) if result.sol_us_measured is not None else None
-        passed = result.status is Status.PASSED and baseline is not None and result.sol_us is not None
-        return percent, measured, sol_score(latency, result.sol_us, baseline) if passed else None
 
 
 class Bench:

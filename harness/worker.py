@@ -18,7 +18,8 @@ import torch
 
 from harness import guards
 from harness.registry import get_solution
-from harness.runner import Baseline, Bench, BenchOptions
+from harness.runner import Bench, BenchOptions
+from harness.scoring import Baseline
 from harness.timing import TimingConfig
 from harness.workloads import Suite
 

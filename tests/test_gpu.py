@@ -13,7 +13,8 @@ from harness.launch_audit import cupti
 from harness.parallel import device_slots, run_local
 from harness.registry import SOLUTIONS_DIR, get_solution
 from harness.results import BenchResult
-from harness.runner import Bench, BenchOptions, Scorer
+from harness.runner import Bench, BenchOptions
+from harness.scoring import Scorer
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite

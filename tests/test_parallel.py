@@ -14,7 +14,8 @@ from harness import parallel
 from harness.isolation import RunPlan
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR, get_solution
-from harness.runner import Bench, BenchOptions, Interrupted, Scorer, run_side_by_side
+from harness.runner import Bench, BenchOptions, Interrupted, run_side_by_side
+from harness.scoring import Scorer
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
 

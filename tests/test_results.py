@@ -9,7 +9,8 @@ import torch
 from harness import provenance
 from harness.registry import get_solution
 from harness.results import ResultsError, TimingStats, load_result, result_path, save
-from harness.runner import Baseline, Bench, BenchOptions, Scorer
+from harness.runner import Bench, BenchOptions
+from harness.scoring import Baseline, Scorer
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
