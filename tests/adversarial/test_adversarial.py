@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.launch_audit import cupti
+from harness.reward_hacks import REWARD_HACK_CHECKS
 from harness.workloads import load_named_suite
 from tests.conftest import HAS_CUDA
 
@@ -98,6 +99,9 @@ def test_every_adversary_is_caught_on_cpu(tmp_path: Path) -> None:
     # A verdict on the process's state names its check, which keeps the solution marked for the rest of the run.
     first = statuses(tmp_path, "cpu", "enables_tf32")[0]
     assert [t["check"] for t in first["trials"] if t["status"] == "REWARD_HACK"][:1] == ["changed_settings"]
+    # Every reward-hack check is some adversary's verdict, so none is dead; GPU work left behind needs a GPU.
+    verdicts = {t["check"] for name in EXPECTED for w in statuses(tmp_path, "cpu", name) for t in w["trials"]}
+    assert verdicts >= {check.__name__ for check in REWARD_HACK_CHECKS} - {"late_gpu_work"}, verdicts
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU run; on the GPU the same holds for the public suite")
@@ -127,6 +131,8 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
         assert got[name]["status"] == status, (name, got[name]["message"][:300])
     assert all("GPU work ran" in got[name]["message"] for name in late)
     assert "call-latency calls" in got["defers_timed_work"]["message"]
+    verdicts = {t["check"] for result in got.values() for t in result["trials"]}
+    assert verdicts >= {check.__name__ for check in REWARD_HACK_CHECKS}, verdicts  # every check some adversary's verdict
 
 
 @pytest.mark.gpu
