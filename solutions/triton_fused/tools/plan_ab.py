@@ -12,13 +12,13 @@ and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and th
 One module and one input set per workload: the plans differ only in what the variant changes, so differences of a few us
 between machines or processes do not enter. Each variant's outputs are compared with the plan's first (the largest
 difference relative to the largest magnitude, per output; a placement of stages must give 0). Then, after --settle
-seconds of untimed calls of the plans in turn, every plan is timed REPS times, in alternating order, by the harness's
-CUDA-event timer (L2 flushed before each call, a GPU spin ahead of each batch, so the host's launch time stays outside
-the events), with --latency by its call-latency timer (the device idle at each call's start, every call's tensors copied
-to addresses of their own, as `harness bench` times the headline), or with --sustained by its back-to-back timer (no
-pause between calls, the GPU at the clock its power limit allows, as in a training step); the printout gives each
-variant's difference from the plan round by round (`summary`). Each invocation appends a provenance header and then its
-rows to --out (JSON lines), so several invocations can share one file.
+seconds of the plans timed in turn with the times discarded, every plan is timed REPS times, in alternating order, by
+the harness's CUDA-event timer (L2 flushed before each call, a GPU spin ahead of each batch, so the host's launch time
+stays outside the events), with --latency by its call-latency timer (the device idle at each call's start, every call's
+tensors copied to addresses of their own, as `harness bench` times the headline), or with --sustained by its
+back-to-back timer (no pause between calls, the GPU at the clock its power limit allows, as in a training step); the
+printout gives each variant's difference from the plan round by round (`summary`). Each invocation appends a provenance
+header and then its rows to --out (JSON lines), so several invocations can share one file.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import functools
 import json
 import statistics
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,14 @@ import torch
 from harness.provenance import collect, read_clocks
 from harness.registry import get_solution
 from harness.runner import SUSTAINED_SETTLE_S, allocate_outputs
-from harness.timing import FreshAddresses, TimingConfig, keep_busy, time_call_latency, time_device, time_sustained
+from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device, time_sustained
 from harness.workloads import Workload, load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
 
 TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
-# Seconds of untimed calls before a workload's first round: a GPU not yet settled at its power cap's clocks runs the
-# first round of a long backward faster than the later ones, which would favour the plan timed first
+# Seconds of the plans timed with the times discarded before a workload's first round (main's settle): rounds timed
+# before the GPU's clock settles where the timer holds it favour the plan timed first, or the one timed second
 # (docs/performance.md, "Tried").
 SETTLE_SECONDS = 3.0
 WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its compiles, its call context's recording
@@ -176,6 +177,15 @@ def summary(index: int, tokens: int, times: dict[str, list[float]]) -> list[str]
     return lines
 
 
+def time_plan(args: argparse.Namespace, module: Any, plan: Any, arguments: list[torch.Tensor]) -> float:
+    """One plan's time on these arguments by the timer the command line chose (us)."""
+    if args.latency:
+        return latency_us(functools.partial(module.backward, plan=plan), arguments)
+    if args.sustained:
+        return sustained_us(functools.partial(module.backward, *arguments, plan=plan))
+    return gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_shared_arguments(parser, "plan_ab.jsonl")
@@ -184,7 +194,7 @@ def main() -> None:
     timers.add_argument("--latency", action="store_true", help="time call latency at fresh addresses, not device time")
     timers.add_argument("--sustained", action="store_true", help="time calls back to back, never pausing")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
-                        help="seconds of untimed calls of the plans before each workload's first round")  # fmt: skip
+                        help="seconds of discarded timings of the plans before each workload's first round")  # fmt: skip
     args = parser.parse_args()
 
     module, variants, workloads, out = start_session(args)
@@ -206,16 +216,19 @@ def main() -> None:
             }
             print(f"#{index} T={dims.num_tokens} {name}: largest relative difference from the plan's outputs {differences}")
         times: dict[str, list[float]] = {name: [] for name in plans}
-        keep_busy([functools.partial(module.backward, *arguments, plan=plan) for plan in plans.values()], args.settle, device)
+        # The settle: the plans timed in turn by the chosen timer, the times discarded, for --settle seconds and a
+        # round at least. Each timer holds the GPU at a clock of its own (calls back to back lower it under the power
+        # limit, the device-time timer's pauses let it recover), and rounds timed before the clock gets there drift.
+        settled = time.perf_counter() + args.settle
+        while True:
+            for plan in plans.values():
+                time_plan(args, module, plan, arguments)
+            if time.perf_counter() >= settled:
+                break
         with out.open("a") as handle:
             for rep in range(args.reps):
                 for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
-                    if args.latency:
-                        us = latency_us(functools.partial(module.backward, plan=plan), arguments)
-                    elif args.sustained:
-                        us = sustained_us(functools.partial(module.backward, *arguments, plan=plan))
-                    else:
-                        us = gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
+                    us = time_plan(args, module, plan, arguments)
                     times[name].append(us)
                     row = {
                         "index": index,
