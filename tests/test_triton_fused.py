@@ -557,6 +557,23 @@ def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, 
         run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
 
 
+def test_swap_ab_dh_refuses_what_it_cannot_run(interpreted) -> None:
+    """The swap-AB dh takes at most 160 tokens, writes 160 rows of dd and no bf16 copy, and has no CPU interpreter:
+    plans that ask otherwise fail clearly, before any launch."""
+    types = plan_types(interpreted)
+    plan = interpreted.plan_for(160)
+    assert isinstance(plan.dh, types.SwapAbDh) and plan.dh_after_gather
+    with pytest.raises(ValueError, match="the swap-AB dh takes at most 160 tokens, not 161"):
+        plan.check(161, 4096, 14336)
+    with pytest.raises(ValueError, match="reads 192 rows of dd"):
+        dataclasses.replace(plan, dx=types.FusedDxGradW13(stages=3, split=2, block_m=192)).check(150, 4096, 14336)
+    triton_dx = types.TritonDx(tile=tile(interpreted, 128, 128, 64, 4, 3), split=1)
+    with pytest.raises(ValueError, match="the swap-AB dh writes no bf16 copy"):
+        dataclasses.replace(plan, dx=triton_dx, grad_w13=types.TritonWeightGrad(tile(interpreted, 128, 128, 64, 4, 3)))
+    with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
+        run_interpreted(interpreted, Dims(200, 150, 64, 128), torch.float32, torch.float32, plan=plan)
+
+
 @pytest.mark.parametrize("epilogue_split", [1, 4])
 def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split: int) -> None:
     """Where dx reads the fp16 dd (the Gluon dx), dh leaves out the bf16 copy and writes the same dd as with it."""
@@ -587,7 +604,7 @@ def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
     gluon_dx = module.plan_for(256)
     assert isinstance(gluon_dx.dx, types.GluonDx) and not gluon_dx.low_copy
     assert not dataclasses.replace(gluon_dx, dh=gluon_dh).low_copy
-    assert not module.plan_for(192).low_copy  # the fused dx over 192 rows
+    assert not module.plan_for(160).low_copy and not module.plan_for(192).low_copy  # the fused dx over 160, 192 rows
     assert module.plan_for(64).low_copy and module.plan_for(2048).low_copy  # Triton's dx, after either dh
 
 
@@ -655,7 +672,8 @@ def test_each_plan_compiles_once() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "dims",
-    [Dims(512, 64), Dims(997, 128), Dims(1571, 196), Dims(2371, 296), Dims(3967, 496), Dims(4096, 2048), Dims(4096, 2049)],
+    [Dims(512, 64), Dims(997, 128), Dims(4096, 149), Dims(1571, 196), Dims(2371, 296), Dims(3967, 496), Dims(4096, 2048),
+     Dims(4096, 2049)],
     ids=lambda d: f"T{d.num_tokens}",
 )  # fmt: skip
 def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
@@ -731,6 +749,50 @@ def test_last_tile_through_the_ring_gives_the_same_bits(dims: Dims, plan_tokens:
     assert not written[0][0].isnan().any() and not written[0][1].isnan().any(), "rows or columns left unwritten"
     assert torch.equal(written[1][0], written[0][0]), "dd"
     assert torch.equal(written[1][1], written[0][1]), "dd_low"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dims", [Dims(1000, 129), Dims(4096, 160), Dims(700, 150, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}"
+)
+def test_swap_ab_dh_matches_the_triton_kernel(dims: Dims) -> None:
+    """The swap-AB dh writes the dd of Triton's dh (its fp32 dh is never rounded: the same values up to the order of
+    the fp32 sums) on all its 160 rows, the padding rows past T as zeros, also where gate is below fp16's normal range
+    or above its largest value. F = 320 leaves its last program half a block of columns."""
+    module = solution_module()
+    plan = module.plan_for(dims.num_tokens)
+    assert isinstance(plan.dh, plan_types(module).SwapAbDh)
+    inputs = generate_inputs(dims, 0, "cuda")
+    inputs["gate_output"][:, :128] *= 1e-4
+    inputs["selected_weights"][0] = 2**-10
+    inputs["gate_output"][0, 128:136] = 7e4
+    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, 1, 64, low_copy=False)
+    module.gather(p)
+    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    rows = plan.dh.rows
+    expected = p.dd[:rows].float()
+    p.dd.fill_(float("nan"))
+    module.dh_swiglu_swap_ab(p)
+    got = p.dd[:rows].float()
+    assert not got.isnan().any(), "rows or columns left unwritten"
+    assert torch.equal(got[dims.num_tokens :], torch.zeros_like(got[dims.num_tokens :])), "padding rows"
+    scale = float(expected[1:].abs().max())  # not token 0's d_up at gate = 7e4
+    torch.testing.assert_close(got, expected, rtol=2**-10, atol=1e-5 * scale)
+
+
+@pytest.mark.gpu
+def test_swap_ab_dh_layouts_give_the_same_bits() -> None:
+    """The swap-AB dh's plan (T = 149) gives the same bits with dh issued before grad_w2 or after, launched behind the
+    gather as its programmatic dependent, x16 and the zeros where the schedule may put them, or all on one stream: a
+    missing wait for the gather in dh, or between the streams, would read g or x16 before it is written."""
+    module = solution_module()
+    dims = Dims(4096, 149)
+    plan = module.plan_for(dims.num_tokens)
+    layouts = [plan, with_schedule(plan, dh_behind_gather=False), with_schedule(plan, x16_at="after_gather")]
+    layouts += [with_schedule(plan, x16_at="after_dh", zeros_at="after_dh"), plan.on_one_stream()]
+    results = outputs_by_plan(module, generate_inputs(dims, 0, "cuda"), list(cuda_outputs(dims).values()), layouts)
+    for spec, *versions in zip(OUTPUTS, *results):
+        assert all(torch.equal(version, versions[0]) for version in versions[1:]), spec.name
 
 
 @pytest.mark.gpu
@@ -899,7 +961,7 @@ def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) ->
     p = module.Problem(inputs, outputs, torch.float16, plan.dx_split(dims.ffn_dim), 64)
     module.gather(p, write_g=False)
     module.routing_x16(p)
-    module.dh_swiglu(p, plan.dh.tile, gathered=False)
+    module.dh_swiglu(p, tile(module, *DH_WIDE), gathered=False)
     # Triton's dx and grad_w1/grad_w3 in the tiles the bucket gave them before the fused kernel
     module.dx(p, types.TritonDx(tile=tile(module, 128, 128, 64, 4, 3), split=p.dx_split))
     expected_dx = p.partials.float().sum(0)

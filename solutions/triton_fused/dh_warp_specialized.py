@@ -36,6 +36,7 @@ from .gluon_common import (
     program_tile_count,
     release_stage,
     split_columns,
+    swiglu_backward,
     wait_stage_free,
     wait_stage_ready,
     wgmma_layout,
@@ -218,13 +219,7 @@ def _store_piece(dh, a_buf, up_buf, gate_buf, dd, dd_low, piece, num_m, F, ROWS,
     a = a_buf.load(layout).to(gl.float32)
     up = up_buf.load(layout).to(gl.float32)
     gate = gate_buf.load(layout).to(gl.float32)
-    s = 1.0 / (1.0 + gl.exp(-a))
-    grad_a = dh * up * s * (1.0 + a * (1.0 - s))
-    # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
-    # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:
-    # wrong in the last place where |gate| is below fp16's normal range, inf above 65504.
-    grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
-                                        pack=1)  # fmt: skip
+    grad_a, grad_up = swiglu_backward(dh, a, up, gate)
     tile = gl.program_id(0) + (piece // PIECES) * gl.num_programs(0)
     rows = (tile % num_m) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
     cols = (tile // num_m) * (WIDTH * PIECES) + (piece % PIECES) * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))

@@ -1,7 +1,7 @@
 """Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dx_warp_specialized.py,
 dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the
 product warps, and how each side waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F,
-the persistent programs' tile count, the wgmma accumulator layout."""
+the persistent programs' tile count, the wgmma accumulator layout, the SwiGLU backward of the dh kernels' epilogues."""
 
 from __future__ import annotations
 
@@ -86,3 +86,16 @@ def split_columns(x, PIECES: gl.constexpr):
             parts += y.reshape(y.shape[0], 2, y.shape[1] // 2).permute(0, 2, 1).split()
         xs = parts
     return xs
+
+
+@gluon.jit
+def swiglu_backward(dh, a, up, gate):
+    """d_a = dh * up * silu'(a) and d_up = dh * gate in fp32 (a from w1_output; all four fp32 tensors)."""
+    s = 1.0 / (1.0 + gl.exp(-a))
+    grad_a = dh * up * s * (1.0 + a * (1.0 - s))
+    # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
+    # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:
+    # wrong in the last place where |gate| is below fp16's normal range, inf above 65504.
+    grad_up = gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [dh, gate], dtype=gl.float32, is_pure=True,
+                                        pack=1)  # fmt: skip
+    return grad_a, grad_up

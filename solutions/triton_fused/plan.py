@@ -4,7 +4,7 @@ A Plan names one kernel for each of the backward's stages, each choice a type of
 kernel takes and checks it:
 
 - dh (g @ w2 with the SwiGLU backward in its epilogue): Triton's kernel (`TritonDh`, which may gather its own rows of
-  grad_output) or the warp-specialised Gluon kernel (`GluonDh`);
+  grad_output), the warp-specialised Gluon kernel (`GluonDh`) or its swap-AB form for T <= 160 (`SwapAbDh`);
 - each weight gradient (grad_w2, and grad_w1 with grad_w3): Triton's persistent kernel (`TritonWeightGrad`) or the
   Gluon one (`GluonWeightGrad`, with a short last K step and tiles dealt out or claimed from a counter);
 - dx: Triton's split-K kernel (`TritonDx`), the Gluon kernel over the fp16 dd (`GluonDx`), or one Gluon kernel for dx
@@ -40,6 +40,10 @@ FUSED_BLOCK_K = 64  # in K steps of this many of the 2F columns
 # with a tail, three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first
 # 168.
 FUSED_PRODUCT_REGS = {128: WS_PRODUCT_REGS, 160: 160, 192: 160}
+SWAP_BLOCK_F = 128  # SwapAbDh: columns of F per program (wgmma's M),
+SWAP_TAIL_ROWS = 32  # the tokens past the first WS_BLOCK_M in its second accumulator,
+SWAP_ACT_WIDTH = 32  # the columns of its epilogue's pieces,
+SWAP_STAGES = 6  # and its ring's stages (K steps of WS_BLOCK_K), as many as hold the epilogue's buffers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +91,17 @@ class GluonDh:
     last_tile_in_ring: bool = False
 
 
-Dh = TritonDh | GluonDh
+@dataclass(frozen=True)
+class SwapAbDh:
+    """dh by the swap-AB Gluon kernel (dh_swap_ab.py): dh^T = w2^T g^T, one program per SWAP_BLOCK_F columns of F
+    over all the tokens, at most `rows`, and it writes all those rows of dd and no bf16 copy. Launched as a
+    programmatic dependent of the gather right before it, whose g it reads."""
+
+    block_k = WS_BLOCK_K  # hidden columns per K step
+    rows = WS_BLOCK_M + SWAP_TAIL_ROWS
+
+
+Dh = TritonDh | GluonDh | SwapAbDh
 
 
 @dataclass(frozen=True)
@@ -221,10 +235,17 @@ class Plan:
                              "(equal dx_on_side) and leaves no scatter (scatter_at 'end')")  # fmt: skip
         if s.x16_at == "after_gather" and (not s.side_stream or self.gathers_rows):
             raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
+        if isinstance(self.dh, SwapAbDh) and self.low_copy:
+            raise ValueError("the swap-AB dh writes no bf16 copy of dd, which Triton's dx reads")
 
     @property
     def gathers_rows(self) -> bool:
         return isinstance(self.dh, TritonDh) and self.dh.gathers_rows
+
+    @property
+    def dh_after_gather(self) -> bool:
+        """dh is launched as a programmatic dependent of the gather right before it (which then allows it early)."""
+        return isinstance(self.dh, SwapAbDh) or (isinstance(self.dh, GluonDh) and self.dh.after_gather)
 
     @property
     def to_rows(self) -> bool:
@@ -267,10 +288,17 @@ class Plan:
             raise ValueError(
                 f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps"
             )
+        if isinstance(self.dh, SwapAbDh) and tokens > self.dh.rows:
+            raise ValueError(f"the swap-AB dh takes at most {self.dh.rows} tokens, not {tokens}")
         if isinstance(self.dx, FusedDxGradW13):
-            dh_rows = self.dh.tile.block_m if isinstance(self.dh, TritonDh) else WS_BLOCK_M
             block_m = self.dx.block_m
-            if tokens > block_m or -(-tokens // dh_rows) * dh_rows < block_m:
+            if isinstance(self.dh, SwapAbDh):
+                dh_rows = self.dh.rows
+                written = min(dh_rows, -(-tokens // ROW_PAD) * ROW_PAD)  # all its rows, those of dd
+            else:
+                dh_rows = self.dh.tile.block_m if isinstance(self.dh, TritonDh) else WS_BLOCK_M
+                written = -(-tokens // dh_rows) * dh_rows
+            if tokens > block_m or written < block_m:
                 # it reads block_m rows of dd, which dh must all have written (rows past T as zeros)
                 raise ValueError(f"dx with grad_w1/grad_w3 reads {block_m} rows of dd: T = {tokens} must be at most "
                                  f"that, and dh's tiles of {dh_rows} rows must cover them")  # fmt: skip
@@ -313,11 +341,16 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=FusedDxGradW13(stages=4, split=2),
     )),
     # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
-    # memory; the gradient's product over the tail is as long as the tail); dh in 128 x 256 tiles, two rows of them
-    # (three rows of 64 were slower).
-    (160, _FUSED_TAIL_PLAN := replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True),
-                                      dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
-    (192, replace(_FUSED_TAIL_PLAN, dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
+    # memory; the gradient's product over the tail is as long as the tail). Up to 160, dh swap-AB: every token in one
+    # program, w2 read once; above, in 128 x 256 tiles, two rows of them (three rows of 64 were slower).
+    (160, Plan(
+        dh=SwapAbDh(),
+        grad_w2=GluonWeightGrad(),
+        grad_w13=None,
+        dx=FusedDxGradW13(stages=3, split=2, block_m=160),
+        schedule=Schedule(dh_behind_gather=True),
+    )),
+    (192, replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True), dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     # dh's tiles in 16 warps, 128 registers a thread rather than 255 in 8, its epilogue in halves.
     (256, Plan(

@@ -3,7 +3,7 @@
 (launch.py, native.py and replay.c).
 
 The kernels: kernels.py (Triton: the per-token kernels, dh, the weight gradients, dx) and the warp-specialised Gluon
-kernels of dh (dh_warp_specialized.py), the weight gradients (weight_grad_warp_specialized.py), dx
+kernels of dh (dh_warp_specialized.py, and dh_swap_ab.py for T <= 160), the weight gradients (weight_grad_warp_specialized.py), dx
 (dx_warp_specialized.py) and dx with grad_w1/grad_w3 (dx_grad_weight_warp_specialized.py). The folder is self-contained:
 it needs torch and triton only (replay.c is built by Triton's own tool for its launchers, with the C compiler Triton
 needs anyway), so an exported copy runs without this repository.
@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .dh_swap_ab import dh_swiglu_swap_ab_kernel
 from .dh_warp_specialized import dh_swiglu_ws_kernel
 from .dx_grad_weight_warp_specialized import dx_grad_weight_ws_kernel
 from .dx_warp_specialized import dx_ws_kernel
@@ -44,6 +45,10 @@ from .plan import (
     FUSED_HEAD_ROWS,
     FUSED_PRODUCT_REGS,
     ROW_PAD,
+    SWAP_ACT_WIDTH,
+    SWAP_BLOCK_F,
+    SWAP_STAGES,
+    SWAP_TAIL_ROWS,
     WS_BLOCK_K,
     WS_BLOCK_M,
     WS_PRODUCT_REGS,
@@ -53,6 +58,7 @@ from .plan import (
     GluonDx,
     GluonWeightGrad,
     Plan,
+    SwapAbDh,
     Tile,
     TritonDx,
     TritonWeightGrad,
@@ -266,6 +272,8 @@ class Problem:
 def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) -> None:
     """ge, and g unless dh gathers its own rows (write_g False: p.g is then left unwritten and unused); with
     launch_dependents the next kernel on the stream may be launched as a programmatic dependent before it ends."""
+    if launch_dependents:  # the dependent is a Gluon dh (Plan.dh_after_gather)
+        _require_gpu(p.g, "dh")
     i = p.inputs
     last_step = (p.tokens - 1) // p.k_step * p.k_step
     p.launch(gather_kernel, (p.rows, p.routing_chunks),
@@ -348,6 +356,20 @@ def dh_swiglu_warp_specialized(p: Problem, w: GluonDh) -> None:
         *activations, p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows,
         STAGES=w.stages, ACT_BUFFERS=w.act_buffers, WAIT_FOR_GATHER=w.after_gather, LOW_COPY=p.low_copy,
         LAST_TILE_IN_RING=w.last_tile_in_ring, num_warps=8, launch_pdl=w.after_gather,
+    )  # fmt: skip
+
+
+def dh_swiglu_swap_ab(p: Problem) -> None:
+    """dh and the SwiGLU backward by the swap-AB Gluon kernel, one program per SWAP_BLOCK_F columns of F, launched as
+    a programmatic dependent of the gather, the kernel issued just before it on this stream (T checked by Plan.check)."""
+    _require_gpu(p.g, "swap-AB dh")
+    i = p.inputs
+    names = ("w1_output", "up_output", "gate_output")
+    activations = [p.gluon_descriptor(i[name], [rows, SWAP_ACT_WIDTH]) for rows in (WS_BLOCK_M, SWAP_TAIL_ROWS) for name in names]
+    p.launch(dh_swiglu_swap_ab_kernel, (triton.cdiv(p.ffn, SWAP_BLOCK_F),),
+        p.gluon_descriptor(i["w2_weight"], [WS_BLOCK_K, SWAP_BLOCK_F]), p.gluon_descriptor(p.g, [WS_BLOCK_M, WS_BLOCK_K]),
+        p.gluon_descriptor(p.g, [SWAP_TAIL_ROWS, WS_BLOCK_K]), *activations, p.dd, i["selected_weights"], p.tokens,
+        p.hidden, p.ffn, p.rows, STAGES=SWAP_STAGES, num_warps=8, launch_pdl=True,
     )  # fmt: skip
 
 
@@ -637,7 +659,7 @@ def _issue(p: Problem, plan: Plan) -> None:
             routing_x16(p)
         side_operands_ready = p.recorded_event(side)
     if not dh_first:
-        gather(p, launch_dependents=isinstance(plan.dh, GluonDh) and plan.dh.after_gather)
+        gather(p, launch_dependents=plan.dh_after_gather)
         ge_written = p.recorded_event(caller)
         if s.dh_behind_gather:
             dh_done = _dh_behind_gather(p, plan, caller)
@@ -674,6 +696,8 @@ def _dh_behind_gather(p: Problem, plan: Plan, caller: torch.cuda.Stream | None) 
     """dh over the gathered copy of g, on the caller's stream behind the gather; the event that marks it done."""
     if isinstance(plan.dh, GluonDh):
         dh_swiglu_warp_specialized(p, plan.dh)
+    elif isinstance(plan.dh, SwapAbDh):
+        dh_swiglu_swap_ab(p)
     else:
         dh_swiglu(p, plan.dh.tile, gathered=True)
     return p.recorded_event(caller)
@@ -730,10 +754,11 @@ def run(*tensors: torch.Tensor) -> None:
 
 
 def compiled_variants() -> int:
-    """How many compiled binaries the eleven kernels hold (Triton's per-device caches): a test uses it to prove
+    """How many compiled binaries the twelve kernels hold (Triton's per-device caches): a test uses it to prove
     that a plan compiles once and that later calls of the plan compile nothing."""
     kernels = (
-        gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel, weight_grad_kernel,
-        weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_grad_weight_ws_kernel, scatter_kernel,
+        gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel,
+        dh_swiglu_swap_ab_kernel, weight_grad_kernel, weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_grad_weight_ws_kernel,
+        scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
