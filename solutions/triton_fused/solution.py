@@ -3,10 +3,11 @@
 (launch.py, native.py and replay.c).
 
 The kernels: kernels.py (Triton: the per-token kernels, dh, the weight gradients, dx) and the warp-specialised Gluon
-kernels of dh (dh_warp_specialized.py, and dh_swap_ab.py for T <= 160), the weight gradients (weight_grad_warp_specialized.py), dx
-(dx_warp_specialized.py) and dx with grad_w1/grad_w3 (dx_grad_weight_warp_specialized.py). The folder is self-contained:
-it needs torch and triton only (replay.c is built by Triton's own tool for its launchers, with the C compiler Triton
-needs anyway), so an exported copy runs without this repository.
+kernels of dh (dh_warp_specialized.py, and dh_swap_ab.py at T = 129-160), the weight gradients
+(weight_grad_warp_specialized.py), dx (dx_warp_specialized.py) and dx with grad_w1/grad_w3
+(dx_grad_weight_warp_specialized.py). The folder is self-contained: it needs torch and triton only (replay.c is built by
+Triton's own tool for its launchers, with the C compiler Triton needs anyway), so an exported copy runs without this
+repository.
 """
 
 from __future__ import annotations
