@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import subprocess
 import sys
 import weakref
 from pathlib import Path
@@ -94,6 +96,30 @@ def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
     assert lines[0].startswith("#15 T=296 plan") and "mean    372.0 us  (370.0, 374.0)" in lines[0]
     assert "minus plan" not in lines[0]
     assert lines[1].endswith("mean    375.8 us  (376.5, 375.0)  minus plan +3.8 (+6.5, +1.0)")
+
+
+def run_compile_sm90(tokens: str, interpret: str) -> subprocess.CompletedProcess:
+    """tools/compile_sm90.py in a process of its own (this one's kernels may be the interpreter's) at the given T."""
+    root = Path(__file__).resolve().parent.parent
+    tool = root / "solutions" / "triton_fused" / "tools" / "compile_sm90.py"
+    env = {**os.environ, "TRITON_INTERPRET": interpret, "PYTHONPATH": str(root)}
+    command = [sys.executable, str(tool), "--tokens", tokens]
+    return subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_compile_sm90_compiles_triton_kernels_for_the_h200_without_a_gpu() -> None:
+    """tools/compile_sm90.py compiles every launch of the call at T = 64 for sm_90 on this machine (Triton's kernels
+    only: the Gluon ones need the device's Triton), within an SM's shared memory, and refuses to run under the CPU
+    interpreter, which compiles nothing."""
+    result = run_compile_sm90("64", "0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("T =")]
+    kernels = [row[3] for row in rows]
+    assert {"gather_kernel", "dh_swiglu_kernel", "weight_grad_kernel", "dx_kernel", "scatter_kernel"} <= set(kernels)
+    assert kernels.count("dx_kernel") == 2  # its two halves, one on each stream
+    assert all(0 <= int(row[5]) <= 227 * 1024 for row in rows), result.stdout
+    refused = run_compile_sm90("64", "1")
+    assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
 
 
 def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
