@@ -720,6 +720,16 @@ def test_repeated_calls_give_identical_bits(dims: Dims) -> None:
             assert torch.equal(out, expected), spec.name
 
 
+def swiglu_inputs_at_the_edges(dims: Dims) -> dict[str, torch.Tensor]:
+    """Inputs with gate below fp16's normal range in 128 columns and past its largest value in 8 of token 0's, whose
+    routing weight keeps every d_up there far from overflowing (an fp16 multiply would round gate there)."""
+    inputs = generate_inputs(dims, 0, "cuda")
+    inputs["gate_output"][:, :128] *= 1e-4
+    inputs["selected_weights"][0] = 2**-10
+    inputs["gate_output"][0, 128:136] = 7e4
+    return inputs
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(2689, 336), Dims(3967, 496), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
 def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
@@ -729,11 +739,7 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
     would round gate there)."""
     module = solution_module()
     plan = module.plan_for(dims.num_tokens)
-    inputs = generate_inputs(dims, 0, "cuda")
-    inputs["gate_output"][:, :128] *= 1e-4
-    # gate past fp16's range on one token whose routing weight keeps every d_up there far from overflowing
-    inputs["selected_weights"][0] = 2**-10
-    inputs["gate_output"][0, 128:136] = 7e4
+    inputs = swiglu_inputs_at_the_edges(dims)
     outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, 1, 64)
     module.gather(p)
@@ -788,11 +794,7 @@ def test_swap_ab_dh_matches_the_triton_kernel(dims: Dims) -> None:
     module = solution_module()
     plan = module.plan_for(dims.num_tokens)
     assert isinstance(plan.dh, plan_types(module).SwapAbDh)
-    inputs = generate_inputs(dims, 0, "cuda")
-    inputs["gate_output"][:, :128] *= 1e-4
-    inputs["selected_weights"][0] = 2**-10
-    inputs["gate_output"][0, 128:136] = 7e4
-    p = module.Problem(inputs, cuda_outputs(dims), torch.float16, 1, 64, low_copy=False)
+    p = module.Problem(swiglu_inputs_at_the_edges(dims), cuda_outputs(dims), torch.float16, 1, 64, low_copy=False)
     module.gather(p)
     module.dh_swiglu(p, tile(module, *DH_WIDE))
     rows = plan.dh.rows

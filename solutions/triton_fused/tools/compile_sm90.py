@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
 from triton.runtime import driver
@@ -37,9 +38,11 @@ SHARED_MEMORY_LIMIT = 227 * 1024  # bytes of shared memory one block may take on
 class Sm90Driver(DriverBase):
     """A driver that names the H200's target and current device and stream, for compiling only."""
 
-    def __init__(self) -> None:
-        self.get_current_device = lambda: 0
-        self.get_current_stream = lambda device=None: 0
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
 
     @classmethod
     def is_active(cls) -> bool:
@@ -69,8 +72,6 @@ class Sm90Driver(DriverBase):
 
 def spills(cubin: bytes) -> int | None:
     """Local-memory loads and stores in the kernel's SASS (by the nvdisasm Triton ships), or None without it."""
-    import triton
-
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     if not nvdisasm.exists():
         return None
