@@ -583,18 +583,24 @@ def test_fused_dx_and_weight_gradients_refuse_what_they_cannot_run(interpreted, 
         run_interpreted(interpreted, dims, torch.float32, torch.float32, plan=plan)
 
 
-def test_swap_ab_dh_refuses_what_it_cannot_run(interpreted) -> None:
-    """The swap-AB dh takes at most 160 tokens, writes 160 rows of dd and no bf16 copy, and has no CPU interpreter:
-    plans that ask otherwise fail clearly, before any launch."""
+def test_dh_with_grad_w2_refuses_what_it_cannot_run(interpreted) -> None:
+    """dh with grad_w2 (which then stands for grad_w2) takes at most 160 tokens (128 without a tail), writes that many
+    rows of dd and no bf16 copy, and has no CPU interpreter: plans that ask otherwise fail clearly, before any launch."""
     types = plan_types(interpreted)
     plan = interpreted.plan_for(160)
-    assert isinstance(plan.dh, types.SwapAbDh) and plan.dh_after_gather
-    with pytest.raises(ValueError, match="the swap-AB dh takes at most 160 tokens, not 161"):
+    assert isinstance(plan.dh, types.DhGradW2) and plan.grad_w2 is None and plan.dh_after_gather
+    untailed = interpreted.plan_for(128)
+    assert untailed.dh == types.DhGradW2(stages=5, tail=False)
+    with pytest.raises(ValueError, match="dh with grad_w2 takes at most 128 tokens, not 129"):
+        untailed.check(129, 4096, 14336)
+    with pytest.raises(ValueError, match="grad_w2 is None exactly where dh is DhGradW2"):
+        dataclasses.replace(plan, grad_w2=types.GluonWeightGrad())
+    with pytest.raises(ValueError, match="dh with grad_w2 takes at most 160 tokens, not 161"):
         plan.check(161, 4096, 14336)
     with pytest.raises(ValueError, match="reads 192 rows of dd"):
         dataclasses.replace(plan, dx=types.FusedDxGradW13(stages=3, split=2, block_m=192)).check(150, 4096, 14336)
     triton_dx = types.TritonDx(tile=tile(interpreted, 128, 128, 64, 4, 3), split=1)
-    with pytest.raises(ValueError, match="the swap-AB dh writes no bf16 copy"):
+    with pytest.raises(ValueError, match="dh with grad_w2 writes no bf16 copy"):
         dataclasses.replace(plan, dx=triton_dx, grad_w13=types.TritonWeightGrad(tile(interpreted, 128, 128, 64, 4, 3)))
     with pytest.raises(ValueError, match="Triton's CPU interpreter cannot run it"):
         run_interpreted(interpreted, Dims(200, 150, 64, 128), torch.float32, torch.float32, plan=plan)
@@ -626,7 +632,7 @@ def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
     gluon_dh = types.GluonDh(block_k=64, stages=5, act_width=16, act_buffers=2, block_n=128, fewest_programs=True)
     fused_plan = module.plan_for(128)
     assert isinstance(fused_plan.dx, types.FusedDxGradW13) and not fused_plan.low_copy
-    assert not dataclasses.replace(fused_plan, dh=gluon_dh).low_copy
+    assert not dataclasses.replace(fused_plan, dh=gluon_dh, grad_w2=types.GluonWeightGrad()).low_copy
     gluon_dx = module.plan_for(256)
     assert isinstance(gluon_dx.dx, types.GluonDx) and not gluon_dx.low_copy
     assert not dataclasses.replace(gluon_dx, dh=gluon_dh).low_copy
@@ -785,36 +791,51 @@ def test_last_tile_through_the_ring_gives_the_same_bits(dims: Dims, plan_tokens:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "dims", [Dims(1000, 129), Dims(4096, 160), Dims(700, 150, 512, 320)], ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}"
+    "dims",
+    [Dims(65, 65), Dims(997, 128), Dims(700, 100, 512, 320), Dims(1000, 129), Dims(4096, 160), Dims(700, 150, 512, 320)],
+    ids=lambda d: f"T{d.num_tokens}-F{d.ffn_dim}",
 )
-def test_swap_ab_dh_matches_the_triton_kernel(dims: Dims) -> None:
-    """The swap-AB dh writes the dd of Triton's dh (its fp32 dh is never rounded: the same values up to the order of
-    the fp32 sums) on all its 160 rows, the padding rows past T as zeros, also where gate is below fp16's normal range
-    or above its largest value. F = 320 leaves its last program half a block of columns."""
+def test_dh_with_grad_w2_matches_the_separate_kernels(dims: Dims) -> None:
+    """dh with grad_w2 in one kernel (the plan's, with or without its tail) writes the dd of Triton's dh on all its
+    rows, and grad_w2 within a bf16 rounding of (w g)^T gated_output in fp32 (it rounds w * gated where the weight
+    gradient rounds w * g), the same bits on every call."""
     module = solution_module()
     plan = module.plan_for(dims.num_tokens)
-    assert isinstance(plan.dh, plan_types(module).SwapAbDh)
-    p = module.Problem(swiglu_inputs_at_the_edges(dims), cuda_outputs(dims), torch.float16, 1, 64, low_copy=False)
+    assert isinstance(plan.dh, plan_types(module).DhGradW2)
+    inputs = swiglu_inputs_at_the_edges(dims)
+    outputs = cuda_outputs(dims)
+    p = module.Problem(inputs, outputs, torch.float16, 1, 64, low_copy=False, write_ge=False)
     module.gather(p)
     module.dh_swiglu(p, tile(module, *DH_WIDE))
     rows = plan.dh.rows
     expected = p.dd[:rows].float()
-    p.dd.fill_(float("nan"))
-    module.dh_swiglu_swap_ab(p)
-    got = p.dd[:rows].float()
-    assert not got.isnan().any(), "rows or columns left unwritten"
-    assert torch.equal(got[dims.num_tokens :], torch.zeros_like(got[dims.num_tokens :])), "padding rows"
-    scale = float(expected[1:].abs().max())  # not token 0's d_up at gate = 7e4
-    torch.testing.assert_close(got, expected, rtol=2**-10, atol=1e-5 * scale)
+    g = p.g[: dims.num_tokens].float() * inputs["selected_weights"].float()[:, None]
+    expected_w2 = g.t() @ inputs["gated_output"].float()
+    first = None
+    for call in range(3):
+        p.dd.fill_(float("nan"))
+        outputs["grad_w2_weight"].fill_(float("nan"))
+        module.dh_grad_w2(p, plan.dh)
+        if first is None:
+            got = p.dd[:rows].float()
+            assert not got.isnan().any(), "rows or columns left unwritten"
+            assert torch.equal(got[dims.num_tokens :], torch.zeros_like(got[dims.num_tokens :])), "padding rows"
+            scale = float(expected[1:].abs().max())  # not token 0's d_up at gate = 7e4
+            torch.testing.assert_close(got, expected, rtol=2**-10, atol=1e-5 * scale)
+            got = outputs["grad_w2_weight"].float()
+            torch.testing.assert_close(got, expected_w2, rtol=2**-6, atol=4e-3 * float(expected_w2.abs().max()))
+            first = (p.dd[:rows].clone(), outputs["grad_w2_weight"].clone())
+        assert torch.equal(p.dd[:rows], first[0]) and torch.equal(outputs["grad_w2_weight"], first[1]), f"call {call}"
 
 
 @pytest.mark.gpu
-def test_swap_ab_dh_layouts_give_the_same_bits() -> None:
-    """The swap-AB dh's plan (T = 149) gives the same bits with dh issued before grad_w2 or after, launched behind the
-    gather as its programmatic dependent, x16 and the zeros where the schedule may put them, or all on one stream: a
-    missing wait for the gather in dh, or between the streams, would read g or x16 before it is written."""
+@pytest.mark.parametrize("dims", [Dims(4096, 107), Dims(4096, 149)], ids=lambda d: f"T{d.num_tokens}")
+def test_dh_with_grad_w2_layouts_give_the_same_bits(dims: Dims) -> None:
+    """The plans of dh with grad_w2 (T = 107 and 149) give the same bits with dh issued before the side stream's
+    launches or after, always behind the gather as its programmatic dependent, x16 and the zeros where the schedule may
+    put them, or all on one stream: a missing wait for the gather in dh, or between the streams, would read g or x16
+    before it is written."""
     module = solution_module()
-    dims = Dims(4096, 149)
     plan = module.plan_for(dims.num_tokens)
     layouts = [plan, with_schedule(plan, dh_behind_gather=False), with_schedule(plan, x16_at="after_gather")]
     layouts += [with_schedule(plan, x16_at="after_dh", zeros_at="after_dh"), plan.on_one_stream()]

@@ -1,4 +1,4 @@
-"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dh_swap_ab.py, dx_warp_specialized.py,
+"""Pieces the warp-specialised Gluon kernels share (dh_warp_specialized.py, dh_grad_w2.py, dx_warp_specialized.py,
 dx_grad_weight_warp_specialized.py, weight_grad_warp_specialized.py): the operand ring between the loader warp and the
 product warps, and how each side waits on it and hands a stage back, the dx kernels' weight block on the K axis of 2F,
 the persistent programs' tile count, the wgmma accumulator layout, the SwiGLU backward of the dh kernels' epilogues."""

@@ -69,6 +69,7 @@ def gather_kernel(
     T, H, LAST_STEP, SHIFT, COUNTERS,
     BLOCK_H: tl.constexpr,  # columns per program
     WRITE_G: tl.constexpr,  # False where dh gathers its own rows: ge only
+    WRITE_GE: tl.constexpr,  # False where dh computes grad_w2 (the only reader of ge): g only
     LAUNCH_DEPENDENTS: tl.constexpr,  # let the next kernel on the stream, launched as a programmatic dependent, start
 ):  # fmt: skip
     """Program (r, c) writes columns [c*BLOCK_H, (c+1)*BLOCK_H) of row r of g and of ge, over the rows that the
@@ -102,12 +103,13 @@ def gather_kernel(
         g = tl.load(grad_output + row * H + cols, mask=mask, other=0.0)
         if WRITE_G:
             tl.store(g_out + r * H + cols, g, mask=mask)
-        ge_row = tl.where(r >= LAST_STEP, r + SHIFT, r)
-        tl.store(ge_out + ge_row * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
+        if WRITE_GE:
+            ge_row = tl.where(r >= LAST_STEP, r + SHIFT, r)
+            tl.store(ge_out + ge_row * H + cols, (g.to(tl.float32) * weight).to(ge_out.dtype.element_ty), mask=mask)
     else:
         if WRITE_G:
             tl.store(g_out + r * H + cols, tl.zeros([BLOCK_H], dtype=g_out.dtype.element_ty), mask=mask)
-        if r < T + SHIFT:
+        if WRITE_GE and r < T + SHIFT:
             tl.store(ge_out + (LAST_STEP + r - T) * H + cols, tl.zeros([BLOCK_H], dtype=ge_out.dtype.element_ty), mask=mask)
 
 

@@ -4,7 +4,8 @@ A Plan names one kernel for each of the backward's stages, each choice a type of
 kernel takes and checks it:
 
 - dh (g @ w2 with the SwiGLU backward in its epilogue): Triton's kernel (`TritonDh`, which may gather its own rows of
-  grad_output), the warp-specialised Gluon kernel (`GluonDh`) or its swap-AB form for T <= 160 (`SwapAbDh`);
+  grad_output), the warp-specialised Gluon kernel (`GluonDh`), or, for T <= 160, its product transposed (swap-AB)
+  with grad_w2 in the same pass over w2 (`DhGradW2`, which then also stands for grad_w2);
 - each weight gradient (grad_w2, and grad_w1 with grad_w3): Triton's persistent kernel (`TritonWeightGrad`) or the
   Gluon one (`GluonWeightGrad`, with a short last K step and tiles dealt out or claimed from a counter);
 - dx: Triton's split-K kernel (`TritonDx`), the Gluon kernel over the fp16 dd (`GluonDx`), or one Gluon kernel for dx
@@ -40,10 +41,9 @@ FUSED_BLOCK_K = 64  # in K steps of this many of the 2F columns
 # with a tail, three product warpgroups and the loader (padded to a warpgroup), 2 x 160 + 24 per thread leave the first
 # 168.
 FUSED_PRODUCT_REGS = {128: WS_PRODUCT_REGS, 160: 160, 192: 160}
-SWAP_BLOCK_F = 128  # SwapAbDh: columns of F per program (wgmma's M),
-SWAP_TAIL_ROWS = 32  # the tokens past the first WS_BLOCK_M in its second accumulator,
-SWAP_ACT_WIDTH = 32  # the columns of its epilogue's pieces,
-SWAP_STAGES = 6  # and its ring's stages (K steps of WS_BLOCK_K), as many as hold the epilogue's buffers
+SWAP_BLOCK_F = 128  # DhGradW2: columns of F per program (wgmma's M),
+SWAP_TAIL_ROWS = 32  # the tokens past the first WS_BLOCK_M in its tail's accumulator,
+SWAP_ACT_WIDTH = 32  # and the columns of its epilogue's pieces
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,17 +91,23 @@ class GluonDh:
     last_tile_in_ring: bool = False
 
 
-@dataclass(frozen=True)
-class SwapAbDh:
-    """dh by the swap-AB Gluon kernel (dh_swap_ab.py): dh^T = w2^T g^T, one program per SWAP_BLOCK_F columns of F
-    over all the tokens, at most `rows`, and it writes all those rows of dd and no bf16 copy. Launched as a
-    programmatic dependent of the gather right before it, whose g it reads."""
+@dataclass(frozen=True, kw_only=True)
+class DhGradW2:
+    """dh with grad_w2 in one Gluon kernel (dh_grad_w2.py): dh^T = w2^T g^T (swap-AB), one program per SWAP_BLOCK_F
+    columns of F over all the tokens (at most `rows`: 128, or 160 with a tail), whose warpgroup for grad_w2 computes,
+    at each K step, the block of grad_w2 that step's block of w2 matches. Writes all those rows of dd and no bf16
+    copy; launched as a programmatic dependent of the gather right before it, whose g it reads."""
 
+    stages: int  # ring stages: 4 with a tail, 5 without
+    tail: bool
     block_k = WS_BLOCK_K  # hidden columns per K step
-    rows = WS_BLOCK_M + SWAP_TAIL_ROWS
+
+    @property
+    def rows(self) -> int:
+        return WS_BLOCK_M + SWAP_TAIL_ROWS * self.tail
 
 
-Dh = TritonDh | GluonDh | SwapAbDh
+Dh = TritonDh | GluonDh | DhGradW2
 
 
 @dataclass(frozen=True)
@@ -219,7 +225,7 @@ class Plan:
     the shapes by `check`."""
 
     dh: Dh
-    grad_w2: WeightGrad
+    grad_w2: WeightGrad | None  # None where dh is DhGradW2, which computes grad_w2 too
     grad_w13: WeightGrad | None  # None where dx is FusedDxGradW13, which computes grad_w1/grad_w3 too
     dx: Dx
     schedule: Schedule = Schedule()
@@ -228,6 +234,8 @@ class Plan:
         s, fused = self.schedule, isinstance(self.dx, FusedDxGradW13)
         if fused != (self.grad_w13 is None):
             raise ValueError("grad_w13 is None exactly where dx is FusedDxGradW13, which computes grad_w1/grad_w3 with dx")
+        if isinstance(self.dh, DhGradW2) != (self.grad_w2 is None):
+            raise ValueError("grad_w2 is None exactly where dh is DhGradW2, which computes grad_w2 with dh")
         if fused and (any(s.dx_on_side) or s.grad_w13_on_side or s.scatter_at != "end" or s.zeros_at == "after_dx"):
             raise ValueError("dx with grad_w1/grad_w3 runs behind dh on the caller's stream, and scatter last")
         if self.to_rows and (s.dx_on_side[0] != s.dx_on_side[1] or s.scatter_at != "end"):
@@ -235,8 +243,8 @@ class Plan:
                              "(equal dx_on_side) and leaves no scatter (scatter_at 'end')")  # fmt: skip
         if s.x16_at == "after_gather" and (not s.side_stream or self.gathers_rows):
             raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
-        if isinstance(self.dh, SwapAbDh) and self.low_copy:
-            raise ValueError("the swap-AB dh writes no bf16 copy of dd, which Triton's dx reads")
+        if isinstance(self.dh, DhGradW2) and self.low_copy:
+            raise ValueError("dh with grad_w2 writes no bf16 copy of dd, which Triton's dx reads")
 
     @property
     def gathers_rows(self) -> bool:
@@ -245,7 +253,7 @@ class Plan:
     @property
     def dh_after_gather(self) -> bool:
         """dh is launched as a programmatic dependent of the gather right before it (which then allows it early)."""
-        return isinstance(self.dh, SwapAbDh) or (isinstance(self.dh, GluonDh) and self.dh.after_gather)
+        return isinstance(self.dh, DhGradW2) or (isinstance(self.dh, GluonDh) and self.dh.after_gather)
 
     @property
     def to_rows(self) -> bool:
@@ -268,7 +276,10 @@ class Plan:
         return max(s for s in range(1, self.dx.split + 1) if ffn % (s * step) == 0)
 
     def grad_w2_last_step(self, tokens: int) -> int:
-        """The rows of grad_w2's last K step, whose block of ge the gather shifts (gather_kernel)."""
+        """The rows of grad_w2's last K step, whose block of ge the gather shifts (gather_kernel; where dh computes
+        grad_w2, no kernel reads ge)."""
+        if self.grad_w2 is None:
+            return WS_BLOCK_K
         if isinstance(self.grad_w2, TritonWeightGrad):
             return self.grad_w2.tile.block_k
         return WS_SHORT_STEP if weight_grad_steps(tokens)[1] else WS_BLOCK_K
@@ -288,11 +299,11 @@ class Plan:
             raise ValueError(
                 f"the rows of the intermediates are padded to {ROW_PAD}: a multiple of every tile's rows and K steps"
             )
-        if isinstance(self.dh, SwapAbDh) and tokens > self.dh.rows:
-            raise ValueError(f"the swap-AB dh takes at most {self.dh.rows} tokens, not {tokens}")
+        if isinstance(self.dh, DhGradW2) and tokens > self.dh.rows:
+            raise ValueError(f"dh with grad_w2 takes at most {self.dh.rows} tokens, not {tokens}")
         if isinstance(self.dx, FusedDxGradW13):
             block_m = self.dx.block_m
-            if isinstance(self.dh, SwapAbDh):
+            if isinstance(self.dh, DhGradW2):
                 dh_rows = self.dh.rows
                 written = min(dh_rows, -(-tokens // ROW_PAD) * ROW_PAD)  # all its rows, those of dd
             else:
@@ -332,25 +343,25 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=TritonDx(tile=Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), split=4),
         schedule=Schedule(dx_on_side=(True, False), scatter_at="side"),
     )),
-    # One pass over w1 and w3 for dx and their gradients: the weights are read once, and their gradients written beside.
+    # One pass over w1 and w3 for dx and their gradients, and over w2 for dh and grad_w2: each weight read once and its
+    # gradient written beside, dx right behind dh with all the SMs.
     (128, _FUSED_PLAN := Plan(
-        dh=TritonDh(Tile(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=4, epilogue_split=2),
-                    gathers_rows=True),
-        grad_w2=GluonWeightGrad(),
+        dh=DhGradW2(stages=5, tail=False),
+        grad_w2=None,
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
-    )),
-    # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
-    # memory; the gradient's product over the tail is as long as the tail). Up to 160, dh swap-AB: every token in one
-    # program, w2 read once; above, in 128 x 256 tiles, two rows of them (three rows of 64 were slower).
-    (160, Plan(
-        dh=SwapAbDh(),
-        grad_w2=GluonWeightGrad(),
-        grad_w13=None,
-        dx=FusedDxGradW13(stages=3, split=2, block_m=160),
         schedule=Schedule(dh_behind_gather=True),
     )),
-    (192, replace(_FUSED_PLAN, dh=TritonDh(_DH_WIDE, gathers_rows=True), dx=FusedDxGradW13(stages=3, split=2, block_m=192))),
+    # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
+    # memory; the gradient's product over the tail is as long as the tail). Up to 160 dh with grad_w2, 32 tokens in
+    # their tail; above, dh in 128 x 256 tiles, two rows of them (three rows of 64 were slower), grad_w2 beside it.
+    (160, replace(_FUSED_PLAN, dh=DhGradW2(stages=4, tail=True), dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
+    (192, Plan(
+        dh=TritonDh(_DH_WIDE, gathers_rows=True),
+        grad_w2=GluonWeightGrad(),
+        grad_w13=None,
+        dx=FusedDxGradW13(stages=3, split=2, block_m=192),
+    )),
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     # dh's tiles in 16 warps, 128 registers a thread rather than 255 in 8, its epilogue in halves.
     (256, Plan(

@@ -3,7 +3,7 @@
 (launch.py, native.py and replay.c).
 
 The kernels: kernels.py (Triton: the per-token kernels, dh, the weight gradients, dx) and the warp-specialised Gluon
-kernels of dh (dh_warp_specialized.py, and dh_swap_ab.py at T = 129-160), the weight gradients
+kernels of dh (dh_warp_specialized.py, and dh_grad_w2.py with grad_w2 at T = 65-160), the weight gradients
 (weight_grad_warp_specialized.py), dx (dx_warp_specialized.py) and dx with grad_w1/grad_w3
 (dx_grad_weight_warp_specialized.py). The folder is self-contained: it needs torch and triton only (replay.c is built by
 Triton's own tool for its launchers, with the C compiler Triton needs anyway), so an exported copy runs without this
@@ -25,7 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .dh_swap_ab import dh_swiglu_swap_ab_kernel
+from .dh_grad_w2 import dh_grad_w2_kernel
 from .dh_warp_specialized import dh_swiglu_ws_kernel
 from .dx_grad_weight_warp_specialized import dx_grad_weight_ws_kernel
 from .dx_warp_specialized import dx_ws_kernel
@@ -48,18 +48,17 @@ from .plan import (
     ROW_PAD,
     SWAP_ACT_WIDTH,
     SWAP_BLOCK_F,
-    SWAP_STAGES,
     SWAP_TAIL_ROWS,
     WS_BLOCK_K,
     WS_BLOCK_M,
     WS_PRODUCT_REGS,
     WS_SHORT_STEP,
+    DhGradW2,
     FusedDxGradW13,
     GluonDh,
     GluonDx,
     GluonWeightGrad,
     Plan,
-    SwapAbDh,
     Tile,
     TritonDx,
     TritonWeightGrad,
@@ -150,6 +149,7 @@ class Problem:
     # Each of dx's programs sums both halves of K (Triton's dx into the rows): one partial per slice of the split
     # rather than per half and slice, so none where it runs unsplit
     dx_sums_halves: bool = False
+    write_ge: bool = True  # the gather writes ge, grad_w2's operand (not where dh computes grad_w2)
     plan: Plan | None = None  # the plan whose calls the Problem serves (call_context keys it by the plan's identity)
     # Where the intermediates live: call_context hands every context on one stream the same; None, the Problem's own
     scratch: StreamScratch | None = None
@@ -271,8 +271,9 @@ class Problem:
 
 
 def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) -> None:
-    """ge, and g unless dh gathers its own rows (write_g False: p.g is then left unwritten and unused); with
-    launch_dependents the next kernel on the stream may be launched as a programmatic dependent before it ends."""
+    """ge (where p.write_ge), and g unless dh gathers its own rows (write_g False: p.g is then left unwritten and
+    unused); with launch_dependents the next kernel on the stream may be launched as a programmatic dependent before it
+    ends."""
     if launch_dependents:  # the dependent is a Gluon dh (Plan.dh_after_gather)
         _require_gpu(p.g, "dh")
     i = p.inputs
@@ -280,7 +281,7 @@ def gather(p: Problem, write_g: bool = True, launch_dependents: bool = False) ->
     p.launch(gather_kernel, (p.rows, p.routing_chunks),
         i["grad_output"], i["token_indices"], i["selected_weights"], p.g, p.ge, p.counters, p.tokens, p.hidden,
         last_step, last_step + p.k_step - p.tokens, p.counters.numel(), BLOCK_H=ROW_BLOCK_H, WRITE_G=write_g,
-        LAUNCH_DEPENDENTS=launch_dependents,
+        WRITE_GE=p.write_ge, LAUNCH_DEPENDENTS=launch_dependents,
     )  # fmt: skip
 
 
@@ -360,17 +361,20 @@ def dh_swiglu_warp_specialized(p: Problem, w: GluonDh) -> None:
     )  # fmt: skip
 
 
-def dh_swiglu_swap_ab(p: Problem) -> None:
-    """dh and the SwiGLU backward by the swap-AB Gluon kernel, one program per SWAP_BLOCK_F columns of F, launched as
+def dh_grad_w2(p: Problem, w: DhGradW2) -> None:
+    """dh, the SwiGLU backward and grad_w2 by one Gluon kernel, one program per SWAP_BLOCK_F columns of F, launched as
     a programmatic dependent of the gather, the kernel issued just before it on this stream (T checked by Plan.check)."""
-    _require_gpu(p.g, "swap-AB dh")
+    _require_gpu(p.g, "dh with grad_w2")
     i = p.inputs
     names = ("w1_output", "up_output", "gate_output")
     activations = [p.gluon_descriptor(i[name], [rows, SWAP_ACT_WIDTH]) for rows in (WS_BLOCK_M, SWAP_TAIL_ROWS) for name in names]
-    p.launch(dh_swiglu_swap_ab_kernel, (triton.cdiv(p.ffn, SWAP_BLOCK_F),),
+    gated = [p.gluon_descriptor(i["gated_output"], [rows, SWAP_BLOCK_F]) for rows in (WS_BLOCK_M, SWAP_TAIL_ROWS)]
+    p.launch(dh_grad_w2_kernel, (triton.cdiv(p.ffn, SWAP_BLOCK_F),),
         p.gluon_descriptor(i["w2_weight"], [WS_BLOCK_K, SWAP_BLOCK_F]), p.gluon_descriptor(p.g, [WS_BLOCK_M, WS_BLOCK_K]),
-        p.gluon_descriptor(p.g, [SWAP_TAIL_ROWS, WS_BLOCK_K]), *activations, p.dd, i["selected_weights"], p.tokens,
-        p.hidden, p.ffn, p.rows, STAGES=SWAP_STAGES, num_warps=8, launch_pdl=True,
+        p.gluon_descriptor(p.g, [SWAP_TAIL_ROWS, WS_BLOCK_K]), *gated,
+        p.gluon_descriptor(p.outputs["grad_w2_weight"], [WS_BLOCK_K, SWAP_BLOCK_F]), *activations, p.dd,
+        i["selected_weights"], p.tokens, p.hidden, p.ffn, p.rows, STAGES=w.stages, HAS_TAIL=w.tail, num_warps=8,
+        launch_pdl=True,
     )  # fmt: skip
 
 
@@ -592,6 +596,7 @@ def _new_problem(tensors: Sequence[torch.Tensor], plan: Plan, precise_dtype: tor
         plan.to_rows,
         dx_tiles,
         dx_sums_halves=isinstance(d, TritonDx) and d.to_rows,
+        write_ge=plan.grad_w2 is not None,
         plan=plan,
         scratch=scratch,
     )
@@ -668,7 +673,8 @@ def _issue(p: Problem, plan: Plan) -> None:
         if s.x16_at == "after_gather":
             routing_x16(p)
             side_operands_ready = p.recorded_event(side)
-        grad_w2(p, plan.grad_w2)
+        if plan.grad_w2 is not None:
+            grad_w2(p, plan.grad_w2)
         if s.zeros_at == "after_grad_w2":
             zero_unselected(p)
     if not (dh_first or s.dh_behind_gather):
@@ -697,8 +703,8 @@ def _dh_behind_gather(p: Problem, plan: Plan, caller: torch.cuda.Stream | None) 
     """dh over the gathered copy of g, on the caller's stream behind the gather; the event that marks it done."""
     if isinstance(plan.dh, GluonDh):
         dh_swiglu_warp_specialized(p, plan.dh)
-    elif isinstance(plan.dh, SwapAbDh):
-        dh_swiglu_swap_ab(p)
+    elif isinstance(plan.dh, DhGradW2):
+        dh_grad_w2(p, plan.dh)
     else:
         dh_swiglu(p, plan.dh.tile, gathered=True)
     return p.recorded_event(caller)
@@ -759,7 +765,7 @@ def compiled_variants() -> int:
     that a plan compiles once and that later calls of the plan compile nothing."""
     kernels = (
         gather_kernel, routing_x16_kernel, zero_unselected_kernel, dh_swiglu_kernel, dh_swiglu_ws_kernel,
-        dh_swiglu_swap_ab_kernel, weight_grad_kernel, weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_grad_weight_ws_kernel,
+        dh_grad_w2_kernel, weight_grad_kernel, weight_grad_ws_kernel, dx_kernel, dx_ws_kernel, dx_grad_weight_ws_kernel,
         scatter_kernel,
     )  # fmt: skip
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
