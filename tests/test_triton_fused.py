@@ -837,7 +837,7 @@ def test_dh_with_grad_w2_layouts_give_the_same_bits(dims: Dims) -> None:
     before it is written."""
     module = solution_module()
     plan = module.plan_for(dims.num_tokens)
-    layouts = [plan, with_schedule(plan, dh_behind_gather=False), with_schedule(plan, x16_at="after_gather")]
+    layouts = [plan, with_schedule(plan, dh_behind_gather=False), with_schedule(plan, x16_at="start", zeros_at="start")]
     layouts += [with_schedule(plan, x16_at="after_dh", zeros_at="after_dh"), plan.on_one_stream()]
     results = outputs_by_plan(module, generate_inputs(dims, 0, "cuda"), list(cuda_outputs(dims).values()), layouts)
     for spec, *versions in zip(OUTPUTS, *results):

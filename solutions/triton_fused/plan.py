@@ -196,8 +196,9 @@ class Schedule:
     # routing_x16 (x16 and the routing sums, which grad_w1/grad_w3 and scatter read) on the side stream: "start" beside
     # dh, "after_gather" once the gather is done (ahead of grad_w2), "after_dh" once dh is done
     x16_at: X16At = "start"
-    # zero_unselected (rows and routing entries no token selects): on the side stream at "start", "after_grad_w2" or
-    # "after_dh", or on the caller's stream right behind dx ("after_dx")
+    # zero_unselected (rows and routing entries no token selects): on the side stream at "start", "after_grad_w2" (once
+    # the gather is done, behind grad_w2 where the plan has one) or "after_dh", or on the caller's stream right behind
+    # dx ("after_dx")
     zeros_at: ZerosAt = "start"
     dx_on_side: tuple[bool, bool] = (False, False)  # dx's w1 half, its w3 half (one launch takes both where they agree)
     grad_w13_on_side: bool = False
@@ -241,8 +242,9 @@ class Plan:
         if self.to_rows and (s.dx_on_side[0] != s.dx_on_side[1] or s.scatter_at != "end"):
             raise ValueError("dx into the rows of grad_hidden_states takes both halves of K in one launch on one stream "
                              "(equal dx_on_side) and leaves no scatter (scatter_at 'end')")  # fmt: skip
-        if s.x16_at == "after_gather" and (not s.side_stream or self.gathers_rows):
-            raise ValueError("x16_at 'after_gather' runs x16 on the side stream behind the gather on the caller's stream")
+        if s.x16_at == "after_gather" and self.gathers_rows:
+            raise ValueError("x16_at 'after_gather' needs the gather on the caller's stream: where dh gathers its own rows "
+                             "it runs first on the side stream")  # fmt: skip
         if isinstance(self.dh, DhGradW2) and self.low_copy:
             raise ValueError("dh with grad_w2 writes no bf16 copy of dd, which Triton's dx reads")
 
@@ -344,13 +346,14 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         schedule=Schedule(dx_on_side=(True, False), scatter_at="side"),
     )),
     # One pass over w1 and w3 for dx and their gradients, and over w2 for dh and grad_w2: each weight read once and its
-    # gradient written beside, dx right behind dh with all the SMs.
+    # gradient written beside, dx right behind dh with all the SMs. The host issues the gather and dh before x16 and the
+    # zeros, which an idle GPU would otherwise start first.
     (128, _FUSED_PLAN := Plan(
         dh=DhGradW2(stages=5, tail=False),
         grad_w2=None,
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
-        schedule=Schedule(dh_behind_gather=True),
+        schedule=Schedule(x16_at="after_gather", zeros_at="after_grad_w2", dh_behind_gather=True),
     )),
     # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
     # memory; the gradient's product over the tail is as long as the tail). Up to 160 dh with grad_w2, 32 tokens in
