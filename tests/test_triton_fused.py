@@ -65,7 +65,8 @@ def plan_ab_tool():
 
 
 def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
-    """tools/plan_ab.py --latency: every timed call gets copies of the tensors, at addresses no other call had."""
+    """tools/plan_ab.py --latency: every timed call gets copies of the tensors, at addresses no other call had; the
+    host time of issuing them comes back beside the latency."""
     plan_ab = plan_ab_tool()
     tensors = [torch.arange(6.0).view(2, 3), torch.ones(5, dtype=torch.int32)]
     seen: list[tuple[int, ...]] = []
@@ -75,7 +76,8 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
         seen.append(tuple(view.data_ptr() for view in views))
 
     config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
-    assert plan_ab.latency_us(backward, tensors, config) > 0
+    latency, host = plan_ab.latency_and_host_us(backward, tensors, config)
+    assert latency > 0 and host > 0
     addresses = [address for call in seen for address in call]
     assert len(seen) == 5 and len(set(addresses)) == len(addresses)
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
@@ -91,11 +93,15 @@ def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:
 
 
 def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
-    """tools/plan_ab.py's summary: the plan's mean and rounds, and each variant's also minus the plan's, round by round."""
+    """tools/plan_ab.py's summary: the plan's mean and rounds, and each variant's also minus the plan's, round by round;
+    with host times (--latency), each plan's mean host time."""
     lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]})
     assert lines[0].startswith("#15 T=296 plan") and "mean    372.0 us  (370.0, 374.0)" in lines[0]
     assert "minus plan" not in lines[0]
     assert lines[1].endswith("mean    375.8 us  (376.5, 375.0)  minus plan +3.8 (+6.5, +1.0)")
+    hosts = {"plan": [60.0, 62.0], "short": [70.0, 71.0]}
+    lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]}, hosts)
+    assert lines[0].endswith("(370.0, 374.0)  host 61.0 us") and lines[1].endswith("(+6.5, +1.0)  host 70.5 us")
 
 
 def run_compile_sm90(tokens: str, interpret: str) -> subprocess.CompletedProcess:

@@ -45,7 +45,7 @@ from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS
 
 TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
-# Seconds of the plans timed with the times discarded before a workload's first round (main's settle): rounds timed
+# Seconds of the plans timed with the times discarded before a workload's first round (the settle): rounds timed
 # before the GPU's clock settles where the timer holds it favour the plan timed first, or the one timed second
 # (docs/performance.md, "Tried").
 SETTLE_SECONDS = 3.0
@@ -63,9 +63,10 @@ def sustained_us(fn, device: str = "cuda", config: TimingConfig = TIMING) -> flo
     return time_sustained(lambda _: fn(), lambda _: None, 1, torch.device(device), config, SUSTAINED_SETTLE_S).timing.mean_us
 
 
-def latency_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIMING) -> float:
-    """Mean call latency of backward(*tensors) by the harness's timer: each call on an idle device, with copies of
-    `tensors` at addresses no earlier call used (made outside the timed window)."""
+def latency_and_host_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIMING) -> tuple[float, float]:
+    """Mean call latency of backward(*tensors) by the harness's timer, each call on an idle device with copies of
+    `tensors` at addresses no earlier call used (made outside the timed window), and the mean host time of issuing
+    those calls: a variant whose latency moves against its device time shows there whether the host is why."""
     fresh = FreshAddresses(tensors, config.warmup_calls + config.max_calls)
     views: list[torch.Tensor] = []
 
@@ -74,7 +75,8 @@ def latency_us(backward, tensors: list[torch.Tensor], config: TimingConfig = TIM
         for view, tensor in zip(views, tensors):
             view.copy_(tensor)
 
-    return time_call_latency(lambda _: backward(*views), prepare, tensors[0].device, config)[0].mean_us
+    latency, host = time_call_latency(lambda _: backward(*views), prepare, tensors[0].device, config)
+    return latency.mean_us, host.mean_us
 
 
 def parse_variant(text: str) -> tuple[str, str]:
@@ -164,26 +166,29 @@ def warmed_variants(
             yield index, workload, arguments, name, plan
 
 
-def summary(index: int, tokens: int, times: dict[str, list[float]]) -> list[str]:
+def summary(index: int, tokens: int, times: dict[str, list[float]], hosts: dict[str, list[float]] | None = None) -> list[str]:
     """One workload's printed timings: each plan's mean and rounds, and each variant's difference from the bucket's plan
-    round by round (a round times every plan once, back to back, so its pair shares the machine's moment)."""
+    round by round (a round times every plan once, back to back, so its pair shares the machine's moment); with
+    `hosts`, each plan's mean host time of issuing a call too."""
     lines = []
     for name, values in times.items():
         line = f"#{index} T={tokens} {name:30} mean {statistics.fmean(values):8.1f} us  ({', '.join(f'{v:.1f}' for v in values)})"
         if name != "plan":
             deltas = [value - base for value, base in zip(values, times["plan"])]
             line += f"  minus plan {statistics.fmean(deltas):+.1f} ({', '.join(f'{d:+.1f}' for d in deltas)})"
+        if hosts is not None:
+            line += f"  host {statistics.fmean(hosts[name]):.1f} us"
         lines.append(line)
     return lines
 
 
-def time_plan(args: argparse.Namespace, module: Any, plan: Any, arguments: list[torch.Tensor]) -> float:
-    """One plan's time on these arguments by the timer the command line chose (us)."""
+def time_plan(args: argparse.Namespace, module: Any, plan: Any, arguments: list[torch.Tensor]) -> tuple[float, float | None]:
+    """One plan's time on these arguments by the timer the command line chose, and with --latency its host time (us)."""
     if args.latency:
-        return latency_us(functools.partial(module.backward, plan=plan), arguments)
+        return latency_and_host_us(functools.partial(module.backward, plan=plan), arguments)
     if args.sustained:
-        return sustained_us(functools.partial(module.backward, *arguments, plan=plan))
-    return gpu_time_us(functools.partial(module.backward, *arguments, plan=plan))
+        return sustained_us(functools.partial(module.backward, *arguments, plan=plan)), None
+    return gpu_time_us(functools.partial(module.backward, *arguments, plan=plan)), None
 
 
 def main() -> None:
@@ -216,6 +221,7 @@ def main() -> None:
             }
             print(f"#{index} T={dims.num_tokens} {name}: largest relative difference from the plan's outputs {differences}")
         times: dict[str, list[float]] = {name: [] for name in plans}
+        hosts: dict[str, list[float]] = {name: [] for name in plans}
         # The settle: the plans timed in turn by the chosen timer, the times discarded, for --settle seconds and a
         # round at least. Each timer holds the GPU at a clock of its own (calls back to back lower it under the power
         # limit, the device-time timer's pauses let it recover), and rounds timed before the clock gets there drift.
@@ -228,8 +234,10 @@ def main() -> None:
         with out.open("a") as handle:
             for rep in range(args.reps):
                 for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
-                    us = time_plan(args, module, plan, arguments)
+                    us, host_us = time_plan(args, module, plan, arguments)
                     times[name].append(us)
+                    if host_us is not None:
+                        hosts[name].append(host_us)
                     row = {
                         "index": index,
                         "B": dims.batch_seq_len,
@@ -238,9 +246,9 @@ def main() -> None:
                         "rep": rep,
                         "timer": "call_latency" if args.latency else "sustained" if args.sustained else "device",
                         "us": us,
-                    }
+                    } | ({"host_us": host_us} if host_us is not None else {})
                     handle.write(json.dumps(row) + "\n")
-        print("\n".join(summary(index, dims.num_tokens, times)))
+        print("\n".join(summary(index, dims.num_tokens, times, hosts if args.latency else None)))
         del outputs, got, expected  # with workload_arguments' own list, every reference to this workload's tensors
 
 
