@@ -596,7 +596,7 @@ def test_dh_with_grad_w2_refuses_what_it_cannot_run(interpreted) -> None:
     plan = interpreted.plan_for(160)
     assert isinstance(plan.dh, types.DhGradW2) and plan.grad_w2 is None and plan.dh_after_gather
     untailed = interpreted.plan_for(128)
-    assert untailed.dh == types.DhGradW2(stages=5, tail=False)
+    assert untailed.dh == types.DhGradW2(stages=4, tail=False)
     with pytest.raises(ValueError, match="dh with grad_w2 takes at most 128 tokens, not 129"):
         untailed.check(129, 4096, 14336)
     with pytest.raises(ValueError, match="grad_w2 is None exactly where dh is DhGradW2"):

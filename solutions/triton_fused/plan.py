@@ -98,7 +98,7 @@ class DhGradW2:
     at each K step, the block of grad_w2 that step's block of w2 matches. Writes all those rows of dd and no bf16
     copy; launched as a programmatic dependent of the gather right before it, whose g it reads."""
 
-    stages: int  # ring stages: 4 with a tail, 5 without
+    stages: int  # ring stages: 4 (5 fit without a tail, and are slower)
     tail: bool
     block_k = WS_BLOCK_K  # hidden columns per K step
 
@@ -349,7 +349,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # gradient written beside, dx right behind dh with all the SMs. The host issues the gather and dh before x16 and the
     # zeros, which an idle GPU would otherwise start first.
     (128, _FUSED_PLAN := Plan(
-        dh=DhGradW2(stages=5, tail=False),
+        dh=DhGradW2(stages=4, tail=False),
         grad_w2=None,
         grad_w13=None,
         dx=FusedDxGradW13(stages=4, split=2),
@@ -358,7 +358,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
     # memory; the gradient's product over the tail is as long as the tail). Up to 160 dh with grad_w2, 32 tokens in
     # their tail; above, dh in 128 x 256 tiles, two rows of them (three rows of 64 were slower), grad_w2 beside it.
-    (160, replace(_FUSED_PLAN, dh=DhGradW2(stages=4, tail=True), dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
+    (160, replace(_FUSED_PLAN, dh=replace(_FUSED_PLAN.dh, tail=True), dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
     (192, Plan(
         dh=TritonDh(_DH_WIDE, gathers_rows=True),
         grad_w2=GluonWeightGrad(),
