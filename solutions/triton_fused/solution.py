@@ -637,33 +637,38 @@ def _issue(p: Problem, plan: Plan) -> None:
     """The launcher's code: every launch of the call on the streams the plan's schedule names, through p (which records
     them on a context's first call).
 
-    The side stream first waits for the caller's work before the call (the inputs). Where dh gathers its own rows it
-    needs nothing computed, so it is issued first, on the caller's stream, and the gather (writing ge only) on the side
-    stream; otherwise the gather runs first on the caller's stream and dh behind it. The side stream runs what needs
-    nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's tensor-core
-    work, unless the schedule puts them later), grad_w2 once ge is written, then whatever of dx, scatter and
+    The side stream's work at the start first waits for the caller's work before the call (the inputs). Where dh gathers
+    its own rows it needs nothing computed, so it is issued first, on the caller's stream, and the gather (writing ge
+    only) on the side stream; otherwise the gather runs first on the caller's stream and dh behind it. The side stream
+    runs what needs nothing computed (x16 and the routing sums, the zeros of unselected rows: memory traffic beside dh's
+    tensor-core work, unless the schedule puts them later), grad_w2 once ge is written, then whatever of dx, scatter and
     grad_w1/grad_w3 the schedule puts there once dh (for scatter: all of dx) is done. The caller's stream waits for x16
-    (and the counters the gather zeroes) before the stages that read them and for all of the side stream at the end,
-    so every buffer outlives its use there and the caller's stream sees all of the work.
+    (and the counters the gather zeroes) before the stages that read them and for all of the side stream at the end, so
+    every buffer outlives its use there and the caller's stream sees all of the work.
     """
     s = plan.schedule
     side = _side_stream(p.g.device) if p.g.is_cuda and s.side_stream else None
     caller = p.caller if side is not None else None  # only used with a side stream
     dh_first = plan.gathers_rows
-    inputs_ready = p.recorded_event(caller)
+    # Without side-stream work at the start, no event or wait is issued ahead of the gather: the side stream's first
+    # wait, for the gather or dh, follows the inputs already.
+    side_starts = dh_first or "start" in (s.zeros_at, s.x16_at)
+    inputs_ready = p.recorded_event(caller) if side_starts else None
     if dh_first:
         dh_swiglu(p, plan.dh.tile, gathered=False)
         dh_done = p.recorded_event(caller)
-    with _after(p, side, inputs_ready):
-        if dh_first:
-            gather(p, write_g=False)
-        # dx's arrival counters, which the gather zeroes, where the gather runs on the side stream
-        counters_zeroed = p.recorded_event(side) if dh_first and p.arrivals is not None else None
-        if s.zeros_at == "start":
-            zero_unselected(p)
-        if s.x16_at == "start":
-            routing_x16(p)
-        side_operands_ready = p.recorded_event(side)
+    counters_zeroed = side_operands_ready = None
+    if side_starts:
+        with _after(p, side, inputs_ready):
+            if dh_first:
+                gather(p, write_g=False)
+            # dx's arrival counters, which the gather zeroes, where the gather runs on the side stream
+            counters_zeroed = p.recorded_event(side) if dh_first and p.arrivals is not None else None
+            if s.zeros_at == "start":
+                zero_unselected(p)
+            if s.x16_at == "start":
+                routing_x16(p)
+            side_operands_ready = p.recorded_event(side)
     if not dh_first:
         gather(p, launch_dependents=plan.dh_after_gather)
         ge_written = p.recorded_event(caller)
