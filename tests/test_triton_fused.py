@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import os
+import shutil
 import subprocess
 import sys
 import weakref
@@ -34,8 +36,8 @@ def solution_module():
 
 
 def plan_types(module):
-    """The plan module (plan.py) of a loaded solution module."""
-    return sys.modules[f"{module.__package__}.plan"]
+    """The names of a loaded solution module's plan.py: its own, where another tree's module shares its package name."""
+    return SimpleNamespace(**inspect.unwrap(module.plan_for).__globals__)
 
 
 def with_schedule(plan, **changes):
@@ -102,6 +104,26 @@ def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
     hosts = {"plan": [60.0, 62.0], "short": [70.0, 71.0]}
     lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]}, hosts)
     assert lines[0].endswith("(370.0, 374.0)  host 61.0 us") and lines[1].endswith("(+6.5, +1.0)  host 70.5 us")
+
+
+def test_plan_ab_runs_another_trees_solution_beside_this_one(interpreted, tmp_path: Path) -> None:
+    """tools/plan_ab.py --against: another checkout's triton_fused, loaded before this tree's under the same package
+    name, keeps its own modules and plan types, and both compute the backward in one process."""
+    plan_ab = plan_ab_tool()
+    with pytest.raises(SystemExit, match="no solutions/triton_fused there"):
+        plan_ab.load_other_tree(str(tmp_path))
+    shutil.copytree(Path(interpreted.__file__).parent, tmp_path / "solutions" / "triton_fused",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    other = plan_ab.load_other_tree(str(tmp_path))
+    this = solution_module()
+    assert Path(other.__file__).is_relative_to(tmp_path) and not Path(this.__file__).is_relative_to(tmp_path)
+    dims = Dims(50, 33, 64, 80)
+    plans = plan_ab.variant_plans(other, dims, {"one stream": "replace(plan, schedule=Schedule(side_stream=False))"})
+    other_schedule, this_schedule = (type(m.plan_for(33).schedule) for m in (other, this))
+    assert type(plans["one stream"].schedule) is other_schedule is not this_schedule
+    (outputs, expected), (this_outputs, _) = (run_interpreted(m, dims, torch.float32, torch.float32) for m in (other, this))
+    assert_match_in_float32(outputs, expected)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, this_outputs))
 
 
 def run_compile_sm90(tokens: str, interpret: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,10 @@
     PYTHONPATH=. python3 solutions/triton_fused/tools/plan_ab.py --workloads 6,3 --reps 3 --out ab.jsonl \
         --variant 'zeros behind grad_w2: replace(plan, schedule=replace(plan.schedule, zeros_at="after_grad_w2"))'
 
---suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket).
+--suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket). --against ROOT times
+another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
+the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
+without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65).
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import json
 import statistics
 import sys
@@ -49,6 +53,7 @@ TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_s
 # before the GPU's clock settles where the timer holds it favour the plan timed first, or the one timed second
 # (docs/performance.md, "Tried").
 SETTLE_SECONDS = 3.0
+AGAINST = "against"  # the variant name of --against's tree
 WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its compiles, its call context's recording
 
 
@@ -89,9 +94,10 @@ def parse_variant(text: str) -> tuple[str, str]:
 
 def variant_plans(module, dims, variants: dict[str, str]) -> dict:
     """{"plan": the plan of the workload's bucket} and each variant's plan by name: its expression evaluated over `plan`
-    (the bucket's), `T` and `B` (the workload's), `replace` and the names of the solution module's plan.py."""
+    (the bucket's), `T` and `B` (the workload's), `replace` and the names of the solution module's plan.py (that
+    module's own: another tree's solution shares its package's name)."""
     bucket = module.plan_for(dims.num_tokens)
-    names = vars(sys.modules[f"{module.__package__}.plan"]) | {
+    names = plan_module_names(module) | {
         "replace": dataclasses.replace,
         "plan": bucket,
         "T": dims.num_tokens,
@@ -106,6 +112,21 @@ def variant_plans(module, dims, variants: dict[str, str]) -> dict:
     return plans
 
 
+def plan_module_names(module) -> dict[str, Any]:
+    """The names of a loaded solution module's plan.py, found through its plan_for rather than by the package's name."""
+    return inspect.unwrap(module.plan_for).__globals__
+
+
+def load_other_tree(root: str) -> Any:
+    """triton_fused's solution module from another checkout of the repository at `root`, loaded as the harness loads
+    a solution: a package of its own name, which this tree's replaces in sys.modules; both modules keep working."""
+    folder = Path(root) / "solutions"
+    if not (folder / "triton_fused").is_dir():
+        raise SystemExit(f"--against {root}: no solutions/triton_fused there")
+    run = get_solution("triton_fused", folder).load_entry_point()
+    return sys.modules[run.__module__]
+
+
 def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
     """The options plan_ab.py and timeline.py share: the workloads, the variants and the log file."""
     parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
@@ -114,7 +135,7 @@ def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
         "--variant",
         action="append",
         default=[],
-        help="'name: expression' (repeatable; none: the plan alone, as a baseline for another tree)",
+        help="'name: expression' (repeatable; none: the bucket's plan alone)",
     )
     parser.add_argument("--out", default=out, help="JSON lines log, appended to")
 
@@ -200,18 +221,27 @@ def main() -> None:
     timers.add_argument("--sustained", action="store_true", help="time calls back to back, never pausing")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of discarded timings of the plans before each workload's first round")  # fmt: skip
+    parser.add_argument("--against", metavar="ROOT", help="another checkout's root: its triton_fused timed as 'against'")
     args = parser.parse_args()
 
+    other = load_other_tree(args.against) if args.against else None
     module, variants, workloads, out = start_session(args)
+    if other is not None:
+        if AGAINST in variants:
+            raise SystemExit(f"variant {AGAINST!r}: the name of --against's tree; name the variant otherwise")
+        with out.open("a") as handle:
+            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve())}) + "\n")
     device = torch.device("cuda")
     for index, workload, arguments in workload_arguments(workloads, 0, device):
         dims, outputs = workload.dims, arguments[len(INPUTS) :]
-        plans = variant_plans(module, dims, variants)
+        plans = {name: (module, plan) for name, plan in variant_plans(module, dims, variants).items()}
+        if other is not None:
+            plans[AGAINST] = other, other.plan_for(dims.num_tokens)
         expected = None
-        for name, plan in plans.items():
+        for name, (solution, plan) in plans.items():
             for out_tensor in outputs:
                 out_tensor.fill_(float("nan"))
-            module.backward(*arguments, plan=plan)
+            solution.backward(*arguments, plan=plan)
             got = [out_tensor.float() for out_tensor in outputs]
             if expected is None:
                 expected = got
@@ -227,14 +257,14 @@ def main() -> None:
         # limit, the device-time timer's pauses let it recover), and rounds timed before the clock gets there drift.
         settled = time.perf_counter() + args.settle
         while True:
-            for plan in plans.values():
-                time_plan(args, module, plan, arguments)
+            for solution, plan in plans.values():
+                time_plan(args, solution, plan, arguments)
             if time.perf_counter() >= settled:
                 break
         with out.open("a") as handle:
             for rep in range(args.reps):
-                for name, plan in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
-                    us, host_us = time_plan(args, module, plan, arguments)
+                for name, (solution, plan) in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
+                    us, host_us = time_plan(args, solution, plan, arguments)
                     times[name].append(us)
                     if host_us is not None:
                         hosts[name].append(host_us)
