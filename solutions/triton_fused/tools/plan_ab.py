@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from harness.provenance import collect, read_clocks
-from harness.registry import get_solution
+from harness.registry import SOLUTIONS_DIR, get_solution
 from harness.runner import SUSTAINED_SETTLE_S, allocate_outputs
 from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device, time_sustained
 from harness.workloads import Workload, load_named_suite
@@ -117,14 +117,20 @@ def plan_module_names(module) -> dict[str, Any]:
     return inspect.unwrap(module.plan_for).__globals__
 
 
+def solution_module(solutions: Path = SOLUTIONS_DIR) -> Any:
+    """triton_fused's solution module from the folder `solutions`, loaded as the harness loads a solution: a package of
+    a fixed name, which a later load replaces in sys.modules while the modules loaded before keep working."""
+    run = get_solution("triton_fused", solutions).load_entry_point()
+    return sys.modules[run.__module__]
+
+
 def load_other_tree(root: str) -> Any:
-    """triton_fused's solution module from another checkout of the repository at `root`, loaded as the harness loads
-    a solution: a package of its own name, which this tree's replaces in sys.modules; both modules keep working."""
+    """triton_fused's solution module from another checkout of the repository at `root` (solution_module), to be timed
+    beside this tree's, which main loads after it."""
     folder = Path(root) / "solutions"
     if not (folder / "triton_fused").is_dir():
         raise SystemExit(f"--against {root}: no solutions/triton_fused there")
-    run = get_solution("triton_fused", folder).load_entry_point()
-    return sys.modules[run.__module__]
+    return solution_module(folder)
 
 
 def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
@@ -143,7 +149,7 @@ def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
 def start_session(args: argparse.Namespace) -> tuple[Any, dict[str, str], list[tuple[int, Workload]], Path]:
     """triton_fused's solution module, the variants by name, the chosen (index, workload) pairs and the log file, to
     which this invocation's provenance header is appended (several invocations may share one file)."""
-    run = get_solution("triton_fused").load_entry_point()
+    module = solution_module()
     variants = dict(parse_variant(text) for text in args.variant)
     workloads = list(enumerate(load_named_suite(args.suite).workloads))
     if args.workloads:
@@ -155,7 +161,7 @@ def start_session(args: argparse.Namespace) -> tuple[Any, dict[str, str], list[t
     device = torch.device("cuda")
     with out.open("a") as handle:
         handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
-    return sys.modules[run.__module__], variants, workloads, out
+    return module, variants, workloads, out
 
 
 def workload_arguments(
@@ -221,7 +227,7 @@ def main() -> None:
     timers.add_argument("--sustained", action="store_true", help="time calls back to back, never pausing")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of discarded timings of the plans before each workload's first round")  # fmt: skip
-    parser.add_argument("--against", metavar="ROOT", help="another checkout's root: its triton_fused timed as 'against'")
+    parser.add_argument("--against", metavar="ROOT", help="another checkout's root: its triton_fused, as 'against'")
     args = parser.parse_args()
 
     other = load_other_tree(args.against) if args.against else None
