@@ -21,9 +21,9 @@ tokens, stored at once. Each byte of w2 is read once and g, read by both, once p
 - After the K loop, and once grad_w2's warpgroup is done, dh's warps run the epilogue (a program has one tile and
   nothing to overlap it with) through the freed buffers: the activation blocks ([rows, 32] by TMA, issued first so
   that they land while dh^T is handed over) of the head rows in the w2 stages and (w * gated)'s head buffer, of the
-  tail rows in the staging buffers; dh^T scaled by the routing weights, in fp32, stored transposed as [tokens, 128] in
-  the g stages (head) and the tail stages. Then they compute d_a and d_up in [rows, 32] pieces in fp32 and store them
-  into dd (fp16) with plain stores, every row: the padding rows as zeros (g's padding rows are zero, and TMA
+  tail rows in the staging buffers; dh^T in fp32, stored transposed as [tokens, 128] in the g stages (head) and the
+  tail stages. Then they scale its rows by the routing weights, compute d_a and d_up in [rows, 32] pieces in fp32 and
+  store them into dd (fp16) with plain stores, every row: the padding rows as zeros (g's padding rows are zero, and TMA
   zero-fills the activations past row T), because dx with grad_w1/grad_w3 reads them.
 
 Precision: dh reaches the SwiGLU backward in fp32, never rounded, so d_a and d_up are Triton's dh kernel's up to the
@@ -138,14 +138,17 @@ def _load_activations(descs, row, col, bar, a_bufs, A0: gl.constexpr, up_bufs, U
 
 
 @gluon.jit
-def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_bufs, G0: gl.constexpr, dd, row0, col0,
-                F, ROWS, PIECES: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_bufs, G0: gl.constexpr, dd,
+                selected_weights, T, row0, col0, F, ROWS, PIECES: gl.constexpr, layout: gl.constexpr):  # fmt: skip
     """d_a and d_up of rows row0.. (as many as dh_t, [rows, BLOCK_F] fp32 in shared memory, holds; those below ROWS)
-    in PIECES pieces, with the activation blocks _load_activations placed, stored into dd = [d_a | d_up] (fp16)."""
+    in PIECES pieces, with the activation blocks _load_activations placed, stored into dd = [d_a | d_up] (fp16). dh is
+    dh_t's rows times their tokens' routing weights, applied here rather than to the accumulator, whose layout would
+    hold a weight per accumulator column in every thread, live through the epilogue."""
     WIDTH: gl.constexpr = a_bufs.shape[2]
     rows = row0 + gl.arange(0, dh_t.shape[0], layout=gl.SliceLayout(1, layout))
+    weights = gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)
     for p in gl.static_range(PIECES):
-        dh = dh_t.slice(p * WIDTH, WIDTH, dim=1).load(layout)
+        dh = dh_t.slice(p * WIDTH, WIDTH, dim=1).load(layout) * weights[:, None]
         a = a_bufs.index(A0 + p).load(layout).to(gl.float32)
         up = up_bufs.index(U0 + p).load(layout).to(gl.float32)
         gate = gate_bufs.index(G0 + p).load(layout).to(gl.float32)
@@ -194,26 +197,23 @@ def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_done,
         _load_activations((act_descs[3], act_descs[4], act_descs[5]), HEAD, off_f, act_ready, tail_acts, 0, tail_acts,
                           PIECES, tail_acts, 2 * PIECES, PIECES)  # fmt: skip
 
-    # dh^T scaled by the routing weights (per token: per accumulator column) as [tokens, BLOCK_F] fp32; the swizzle of
-    # 4-element vectors by row keeps both the transposed stores and the row reads free of bank conflicts.
+    # dh^T as [tokens, BLOCK_F] fp32 (the routing weights are applied as its rows are read); the swizzle of 4-element
+    # vectors by row keeps both the transposed stores and the row reads free of bank conflicts.
     handoff: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
     dh_head = head_bufs._reinterpret(gl.float32, [HEAD, BLOCK_F], handoff)
-    tokens = gl.arange(0, HEAD, layout=gl.SliceLayout(0, head_layout))
-    weights = gl.load(selected_weights + tokens, mask=tokens < T, other=0.0).to(gl.float32)
-    dh_head.permute((1, 0)).store(acc_h * weights[None, :])
+    dh_head.permute((1, 0)).store(acc_h)
     dh_tail = tail_bufs._reinterpret(gl.float32, [TAIL, BLOCK_F], handoff)
     if HAS_TAIL:
-        tokens = HEAD + gl.arange(0, TAIL, layout=gl.SliceLayout(0, tail_layout))
-        weights = gl.load(selected_weights + tokens, mask=tokens < T, other=0.0).to(gl.float32)
-        dh_tail.permute((1, 0)).store(acc_t * weights[None, :])
+        dh_tail.permute((1, 0)).store(acc_t)
     gl.thread_barrier()
     mbarrier.wait(act_ready, 0)
 
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (WIDTH // 4), WIDTH // 4], [num_warps, 1], [1, 0])
-    _store_rows(dh_head, head_acts, 0, head_acts, PIECES, head_gate, 0, dd, 0, off_f, F, ROWS, PIECES, layout)
+    _store_rows(dh_head, head_acts, 0, head_acts, PIECES, head_gate, 0, dd, selected_weights, T, 0, off_f, F, ROWS, PIECES,
+                layout)  # fmt: skip
     if HAS_TAIL:
-        _store_rows(dh_tail, tail_acts, 0, tail_acts, PIECES, tail_acts, 2 * PIECES, dd, HEAD, off_f, F, ROWS, PIECES,
-                    layout)  # fmt: skip
+        _store_rows(dh_tail, tail_acts, 0, tail_acts, PIECES, tail_acts, 2 * PIECES, dd, selected_weights, T, HEAD, off_f,
+                    F, ROWS, PIECES, layout)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
