@@ -18,10 +18,10 @@ tokens, stored at once. Each byte of w2 is read once and g, read by both, once p
 - dh's 8 warps (the default partition, two warpgroups of 64 rows of F) accumulate acc_h = w2^T g_head^T and acc_t =
   w2^T g_tail^T in fp32, both operands seen transposed through permuted shared-memory views (wgmma reads 16-bit
   operands in either major order); each stage is free once both consumers have released it.
-- After the K loop, and once grad_w2's warpgroup is done, dh's warps run the epilogue (a program has one tile and
-  nothing to overlap it with) through the freed buffers: the activation blocks ([rows, 32] by TMA, issued first so
-  that they land while dh^T is handed over) of the head rows in the w2 stages and (w * gated)'s head buffer, of the
-  tail rows in the staging buffers; dh^T in fp32, stored transposed as [tokens, 128] in the g stages (head) and the
+- After the K loop, and once grad_w2's warpgroup has read its last operands, dh's warps run the epilogue (a program
+  has one tile and nothing to overlap it with) through the freed buffers: the activation blocks ([rows, 32] by TMA,
+  issued first so that they land while dh^T is handed over) of the head rows in the w2 stages and (w * gated)'s head
+  buffer, of the tail rows in the staging buffers once grad_w2's last store has left them; dh^T in fp32, stored transposed as [tokens, 128] in the g stages (head) and the
   tail stages. Then they scale its rows by the routing weights, compute d_a and d_up in [rows, 32] pieces in fp32 and
   store them into dd (fp16) with plain stores, every row: the padding rows as zeros (g's padding rows are zero, and TMA
   zero-fills the activations past row T), because dx with grad_w1/grad_w3 reads them.
@@ -89,11 +89,12 @@ def _scale_rows(buf, selected_weights, row0, T, num_warps: gl.constexpr):
 
 
 @gluon.jit
-def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready, empty, grad_done, grad_w2_desc,
-             selected_weights, T, H, HAS_TAIL: gl.constexpr):  # fmt: skip
+def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready, empty, grad_read, grad_done,
+             grad_w2_desc, selected_weights, T, H, HAS_TAIL: gl.constexpr):  # fmt: skip
     """grad_w2's warpgroup: gated_output's rows times the routing weights in place, then per K step grad_w2's block
     [64, 128] over all the tokens, into staging buffer step % 2 once the store that last read it is done, stored by
-    TMA; arrives on grad_done once its last store is done."""
+    TMA; arrives on grad_read once its last wgmma is done (the ring and gated_output's buffers are then free) and on
+    grad_done once its last store is (the staging buffers too)."""
     BLOCK_K: gl.constexpr = head_bufs.shape[2]
     HEAD: gl.constexpr = head_bufs.shape[1]
     BLOCK_F: gl.constexpr = gw_head.shape[1]
@@ -120,6 +121,7 @@ def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(grad_w2_desc, [step * BLOCK_K, off_f], buffer)
+    mbarrier.arrive(grad_read, count=1)
     tma.store_wait(0)
     gl.thread_barrier()
     mbarrier.arrive(grad_done, count=1)
@@ -161,10 +163,10 @@ def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_
 
 
 @gluon.jit
-def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_done, act_ready, act_descs, dd,
-        selected_weights, T, H, F, ROWS, HAS_TAIL: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_read, grad_done, act_ready, act_descs,
+        dd, selected_weights, T, H, F, ROWS, HAS_TAIL: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     """Default partition: dh^T over the K steps (a step's wgmmas in flight while the next step's are issued), then,
-    once grad_w2's warpgroup is done, the SwiGLU backward through the freed buffers (see the module's docstring)."""
+    as grad_w2's warpgroup frees them, the SwiGLU backward through its buffers (see the module's docstring)."""
     BLOCK_K: gl.constexpr = w_bufs.shape[1]
     BLOCK_F: gl.constexpr = w_bufs.shape[2]
     HEAD: gl.constexpr = head_bufs.shape[1]
@@ -185,7 +187,7 @@ def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_done,
         if step > 0:  # the previous step's wgmmas are done with its stage
             release_stage(empty, step - 1)
     acc_h, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_h, acc_t))
-    mbarrier.wait(grad_done, 0)  # the ring, gated_output's buffers and the staging buffers are free
+    mbarrier.wait(grad_read, 0)  # the ring and gated_output's buffers are free
 
     off_f = gl.program_id(0) * BLOCK_F
     head_acts = w_bufs._reinterpret(act_descs[0].dtype, [2 * PIECES, HEAD, WIDTH], act_descs[0].layout)  # a, up
@@ -194,6 +196,7 @@ def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_done,
     mbarrier.expect(act_ready, 3 * PIECES * (act_descs[0].block_type.nbytes + HAS_TAIL * act_descs[3].block_type.nbytes))
     _load_activations(act_descs, 0, off_f, act_ready, head_acts, 0, head_acts, PIECES, head_gate, 0, PIECES)
     if HAS_TAIL:
+        mbarrier.wait(grad_done, 0)  # and the staging buffers, once grad_w2's last store has read them
         _load_activations((act_descs[3], act_descs[4], act_descs[5]), HEAD, off_f, act_ready, tail_acts, 0, tail_acts,
                           PIECES, tail_acts, 2 * PIECES, PIECES)  # fmt: skip
 
@@ -247,23 +250,25 @@ def dh_grad_w2_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     gated_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    grad_read = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     grad_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     act_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # dh's warps and grad_w2's warpgroup
     mbarrier.init(gated_ready, count=1)
+    mbarrier.init(grad_read, count=1)
     mbarrier.init(grad_done, count=1)
     mbarrier.init(act_ready, count=1)
     act_descs = (a_head, up_head, gate_head, a_tail, up_tail, gate_tail)
     gl.warp_specialize(
         [
-            (_dh, (w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_done, act_ready, act_descs, dd,
-                   selected_weights, T, H, F, ROWS, HAS_TAIL, num_warps)),
+            (_dh, (w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_read, grad_done, act_ready,
+                   act_descs, dd, selected_weights, T, H, F, ROWS, HAS_TAIL, num_warps)),
             (_load_operands, (w2_desc, head_desc, tail_desc, gated_head, gated_tail, w_bufs, head_bufs, tail_bufs,
                               gw_head, gw_tail, gated_ready, ready, empty, H, HAS_TAIL)),
-            (_grad_w2, (head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready, empty, grad_done,
-                        grad_w2_desc, selected_weights, T, H, HAS_TAIL)),
+            (_grad_w2, (head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready, empty, grad_read,
+                        grad_done, grad_w2_desc, selected_weights, T, H, HAS_TAIL)),
         ],
         [1, 4],  # the loader warp, grad_w2's warpgroup
         [24, GRAD_REGS],
