@@ -18,13 +18,14 @@ tokens, stored at once. Each byte of w2 is read once and g, read by both, once p
 - dh's 8 warps (the default partition, two warpgroups of 64 rows of F) accumulate acc_h = w2^T g_head^T and acc_t =
   w2^T g_tail^T in fp32, both operands seen transposed through permuted shared-memory views (wgmma reads 16-bit
   operands in either major order); each stage is free once both consumers have released it.
-- After the K loop, and once grad_w2's warpgroup has read its last operands, dh's warps run the epilogue (a program
-  has one tile and nothing to overlap it with) through the freed buffers: the activation blocks ([rows, 32] by TMA,
-  issued first so that they land while dh^T is handed over) of the head rows in the w2 stages and (w * gated)'s head
-  buffer, of the tail rows in the staging buffers once grad_w2's last store has left them; dh^T in fp32, stored transposed as [tokens, 128] in the g stages (head) and the
-  tail stages. Then they scale its rows by the routing weights, compute d_a and d_up in [rows, 32] pieces in fp32 and
-  store them into dd (fp16) with plain stores, every row: the padding rows as zeros (g's padding rows are zero, and TMA
-  zero-fills the activations past row T), because dx with grad_w1/grad_w3 reads them.
+- After the K loop dh's warps run the epilogue (a program has one tile and nothing to overlap it with) through the freed
+  buffers: the activation blocks ([rows, 32] by TMA, issued first so that they land while dh^T is handed over), the
+  head's a and up into the w2 stages at once (only dh's wgmmas read them), its gate into (w * gated)'s head buffer once
+  grad_w2's warpgroup has read its last operands, the tail's into the staging buffers once grad_w2's last store has left
+  them; dh^T in fp32, stored transposed as [tokens, 128] in the g stages (head) and the tail stages. Then, piece by
+  piece as its blocks arrive, they scale its rows by the routing weights, compute d_a and d_up in [rows, 32] pieces in
+  fp32 and store them into dd (fp16) with plain stores, every row: the padding rows as zeros (g's padding rows are zero,
+  and TMA zero-fills the activations past row T), because dx with grad_w1/grad_w3 reads them.
 
 Precision: dh reaches the SwiGLU backward in fp32, never rounded, so d_a and d_up are Triton's dh kernel's up to the
 order of the fp32 sums; grad_w2 from g and bf16(w * gated), where the separate weight gradient reads bf16(w * g) and
@@ -128,28 +129,29 @@ def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready
 
 
 @gluon.jit
-def _load_activations(descs, row, col, bar, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_bufs,
-                      G0: gl.constexpr, PIECES: gl.constexpr):  # fmt: skip
-    """The activation blocks (a, up, gate) of rows `row`.. of this program's PIECES column pieces from column `col`:
-    piece p of a into a_bufs.index(A0 + p), likewise up and gate, counted in by `bar`."""
-    WIDTH: gl.constexpr = descs[0].block_type.shape[1]
+def _load_pieces(desc, row, col, bars, bufs, B0: gl.constexpr):
+    """desc's blocks at row `row` of this program's column pieces from column `col`: piece p into bufs.index(B0 + p),
+    counted in by bars.index(p) (one barrier per piece)."""
+    WIDTH: gl.constexpr = desc.block_type.shape[1]
+    PIECES: gl.constexpr = bars.shape[0]
     for p in gl.static_range(PIECES):
-        tma.async_copy_global_to_shared(descs[0], [row, col + p * WIDTH], bar, a_bufs.index(A0 + p))
-        tma.async_copy_global_to_shared(descs[1], [row, col + p * WIDTH], bar, up_bufs.index(U0 + p))
-        tma.async_copy_global_to_shared(descs[2], [row, col + p * WIDTH], bar, gate_bufs.index(G0 + p))
+        tma.async_copy_global_to_shared(desc, [row, col + p * WIDTH], bars.index(p), bufs.index(B0 + p))
 
 
 @gluon.jit
-def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_bufs, G0: gl.constexpr, dd,
-                selected_weights, T, row0, col0, F, ROWS, PIECES: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_bufs, G0: gl.constexpr, act_ready, dd,
+                selected_weights, T, row0, col0, F, ROWS, layout: gl.constexpr):  # fmt: skip
     """d_a and d_up of rows row0.. (as many as dh_t, [rows, BLOCK_F] fp32 in shared memory, holds; those below ROWS)
-    in PIECES pieces, with the activation blocks _load_activations placed, stored into dd = [d_a | d_up] (fp16). dh is
+    in column pieces, each once its activation blocks, placed by _load_pieces, have arrived (act_ready.index(p)),
+    stored into dd = [d_a | d_up] (fp16). dh is
     dh_t's rows times their tokens' routing weights, applied here rather than to the accumulator, whose layout would
     hold a weight per accumulator column in every thread, live through the epilogue."""
     WIDTH: gl.constexpr = a_bufs.shape[2]
     rows = row0 + gl.arange(0, dh_t.shape[0], layout=gl.SliceLayout(1, layout))
     weights = gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)
+    PIECES: gl.constexpr = act_ready.shape[0]
     for p in gl.static_range(PIECES):
+        mbarrier.wait(act_ready.index(p), 0)
         dh = dh_t.slice(p * WIDTH, WIDTH, dim=1).load(layout) * weights[:, None]
         a = a_bufs.index(A0 + p).load(layout).to(gl.float32)
         up = up_bufs.index(U0 + p).load(layout).to(gl.float32)
@@ -187,18 +189,25 @@ def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_read,
         if step > 0:  # the previous step's wgmmas are done with its stage
             release_stage(empty, step - 1)
     acc_h, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_h, acc_t))
-    mbarrier.wait(grad_read, 0)  # the ring and gated_output's buffers are free
 
+    # The head's a and up into the w2 stages, which only these warps' wgmmas read; its gate, once grad_w2's warpgroup
+    # has read its last operands, into gated_output's buffer; the tail's into the staging buffers once its last store
+    # has left them. A barrier per column piece, so that each piece's SwiGLU backward starts once its blocks are in.
     off_f = gl.program_id(0) * BLOCK_F
     head_acts = w_bufs._reinterpret(act_descs[0].dtype, [2 * PIECES, HEAD, WIDTH], act_descs[0].layout)  # a, up
     head_gate = gw_head._reinterpret(act_descs[0].dtype, [PIECES, HEAD, WIDTH], act_descs[0].layout)
     tail_acts = staging._reinterpret(act_descs[3].dtype, [4 * PIECES, TAIL, WIDTH], act_descs[3].layout)  # a, up, gate
-    mbarrier.expect(act_ready, 3 * PIECES * (act_descs[0].block_type.nbytes + HAS_TAIL * act_descs[3].block_type.nbytes))
-    _load_activations(act_descs, 0, off_f, act_ready, head_acts, 0, head_acts, PIECES, head_gate, 0, PIECES)
+    piece_bytes: gl.constexpr = 3 * (act_descs[0].block_type.nbytes + HAS_TAIL * act_descs[3].block_type.nbytes)
+    for p in gl.static_range(PIECES):
+        mbarrier.expect(act_ready.index(p), piece_bytes)
+    _load_pieces(act_descs[0], 0, off_f, act_ready, head_acts, 0)
+    _load_pieces(act_descs[1], 0, off_f, act_ready, head_acts, PIECES)
+    mbarrier.wait(grad_read, 0)  # the g stages and gated_output's buffers are free
+    _load_pieces(act_descs[2], 0, off_f, act_ready, head_gate, 0)
     if HAS_TAIL:
-        mbarrier.wait(grad_done, 0)  # and the staging buffers, once grad_w2's last store has read them
-        _load_activations((act_descs[3], act_descs[4], act_descs[5]), HEAD, off_f, act_ready, tail_acts, 0, tail_acts,
-                          PIECES, tail_acts, 2 * PIECES, PIECES)  # fmt: skip
+        mbarrier.wait(grad_done, 0)
+        for i in gl.static_range(3):
+            _load_pieces(act_descs[3 + i], HEAD, off_f, act_ready, tail_acts, i * PIECES)
 
     # dh^T as [tokens, BLOCK_F] fp32 (the routing weights are applied as its rows are read); the swizzle of 4-element
     # vectors by row keeps both the transposed stores and the row reads free of bank conflicts.
@@ -209,14 +218,13 @@ def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_read,
     if HAS_TAIL:
         dh_tail.permute((1, 0)).store(acc_t)
     gl.thread_barrier()
-    mbarrier.wait(act_ready, 0)
 
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (WIDTH // 4), WIDTH // 4], [num_warps, 1], [1, 0])
-    _store_rows(dh_head, head_acts, 0, head_acts, PIECES, head_gate, 0, dd, selected_weights, T, 0, off_f, F, ROWS, PIECES,
-                layout)  # fmt: skip
+    _store_rows(dh_head, head_acts, 0, head_acts, PIECES, head_gate, 0, act_ready, dd, selected_weights, T, 0, off_f, F,
+                ROWS, layout)  # fmt: skip
     if HAS_TAIL:
-        _store_rows(dh_tail, tail_acts, 0, tail_acts, PIECES, tail_acts, 2 * PIECES, dd, selected_weights, T, HEAD, off_f,
-                    F, ROWS, PIECES, layout)  # fmt: skip
+        _store_rows(dh_tail, tail_acts, 0, tail_acts, PIECES, tail_acts, 2 * PIECES, act_ready, dd, selected_weights, T,
+                    HEAD, off_f, F, ROWS, layout)  # fmt: skip
 
 
 @gluon.jit(do_not_specialize=["T", "ROWS"])
@@ -252,14 +260,15 @@ def dh_grad_w2_kernel(
     gated_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     grad_read = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     grad_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    act_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    act_ready = gl.allocate_shared_memory(gl.int64, [BLOCK_F // WIDTH, 1], mbarrier.MBarrierLayout())  # per piece
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # dh's warps and grad_w2's warpgroup
     mbarrier.init(gated_ready, count=1)
     mbarrier.init(grad_read, count=1)
     mbarrier.init(grad_done, count=1)
-    mbarrier.init(act_ready, count=1)
+    for i in gl.static_range(BLOCK_F // WIDTH):
+        mbarrier.init(act_ready.index(i), count=1)
     act_descs = (a_head, up_head, gate_head, a_tail, up_tail, gate_tail)
     gl.warp_specialize(
         [
