@@ -143,9 +143,8 @@ def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_
                 selected_weights, T, row0, col0, F, ROWS, layout: gl.constexpr):  # fmt: skip
     """d_a and d_up of rows row0.. (as many as dh_t, [rows, BLOCK_F] fp32 in shared memory, holds; those below ROWS)
     in column pieces, each once its activation blocks, placed by _load_pieces, have arrived (act_ready.index(p)),
-    stored into dd = [d_a | d_up] (fp16). dh is
-    dh_t's rows times their tokens' routing weights, applied here rather than to the accumulator, whose layout would
-    hold a weight per accumulator column in every thread, live through the epilogue."""
+    stored into dd = [d_a | d_up] (fp16). dh is dh_t's rows times their tokens' routing weights, applied here rather
+    than to the accumulator, whose layout would hold a weight per accumulator column in every thread."""
     WIDTH: gl.constexpr = a_bufs.shape[2]
     rows = row0 + gl.arange(0, dh_t.shape[0], layout=gl.SliceLayout(1, layout))
     weights = gl.load(selected_weights + rows, mask=rows < T, other=0.0).to(gl.float32)

@@ -7,8 +7,9 @@
 another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
 the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
 without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Each tree
-keeps intermediate buffers of its own, and where they lie moves the device time: the same code read 1.8-3.8 us apart at
-T = 107-215 as the tree whose buffers were allocated second (docs/performance.md, v66). Read smaller differences as noise.
+keeps intermediate buffers of its own, and where they lie moves the device time: the same code read 1.8-3.8 us apart
+at T = 107-215 as the tree whose buffers were allocated second (docs/performance.md, v66). Smaller differences are
+noise.
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
