@@ -6,10 +6,10 @@
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket). --against ROOT times
 another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
 the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
-without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Each tree
-keeps intermediate buffers of its own, and where they lie moves the device time: the same code read 1.8-3.8 us apart
-at T = 107-215 as the tree whose buffers were allocated second (docs/performance.md, v66). Smaller differences are
-noise.
+without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Where its
+intermediates lie moves a call's device time: with buffers of its own, the same code read 1.8-3.8 us apart at T =
+107-215 as the tree whose buffers were allocated second (docs/performance.md, v66). So both trees' calls take their
+intermediates from this tree's buffers (share_intermediates), where the other tree keeps them as this one does.
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
@@ -136,6 +136,16 @@ def load_other_tree(root: str) -> Any:
     return solution_module(folder)
 
 
+def share_intermediates(other: Any, module: Any) -> bool:
+    """Point the other tree's per-stream intermediate buffers at this tree's (solution._STREAM_SCRATCH, from 018914e):
+    calls on one stream are ordered, so contexts of both trees can share them as contexts of one tree's plans do.
+    False where the other tree keeps its intermediates otherwise (its buffers then lie elsewhere)."""
+    if not (hasattr(other, "_STREAM_SCRATCH") and hasattr(module, "_STREAM_SCRATCH")):
+        return False
+    other._STREAM_SCRATCH = module._STREAM_SCRATCH
+    return True
+
+
 def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
     """The options plan_ab.py and timeline.py share: the workloads, the variants and the log file."""
     parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
@@ -238,8 +248,11 @@ def main() -> None:
     if other is not None:
         if AGAINST in variants:
             raise SystemExit(f"variant {AGAINST!r}: the name of --against's tree; name the variant otherwise")
+        shared = share_intermediates(other, module)
+        if not shared:
+            print(f"--against {args.against}: its tree keeps its intermediates elsewhere; differences include their placement")
         with out.open("a") as handle:
-            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve())}) + "\n")
+            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve()), "shared_intermediates": shared}) + "\n")
     device = torch.device("cuda")
     for index, workload, arguments in workload_arguments(workloads, 0, device):
         dims, outputs = workload.dims, arguments[len(INPUTS) :]
