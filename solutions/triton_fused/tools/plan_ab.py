@@ -6,10 +6,10 @@
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket). --against ROOT times
 another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
 the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
-without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Where its
-intermediates lie moves a call's device time: with buffers of its own, the same code read 1.8-3.8 us apart at T =
-107-215 as the tree whose buffers were allocated second (docs/performance.md, v66). So both trees' calls take their
-intermediates from this tree's buffers (share_intermediates), where the other tree keeps them as this one does.
+without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Where a
+call's intermediates lie moves its device time, by more than the changes this compares (docs/performance.md, v66), so
+both trees' calls take their intermediates from this tree's buffers (share_intermediates), where the other tree keeps
+them as this one does.
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
