@@ -108,9 +108,9 @@ def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
 
 def test_plan_ab_runs_another_trees_solution_beside_this_one(interpreted, tmp_path: Path) -> None:
     """tools/plan_ab.py --against: another checkout's triton_fused, loaded before this tree's under the same package
-    name, keeps its own modules and plan types, and both compute the backward in one process, their intermediates in
-    the same buffers, whose placement alone moves the device time (a tree without this tree's per-stream buffers is
-    refused that)."""
+    name, keeps its own modules and plan types, and both compute the backward in one process on the same side stream
+    and intermediate buffers, a tree's own side stream alone moving its device time (a tree without this tree's
+    per-stream state is refused that)."""
     plan_ab = plan_ab_tool()
     with pytest.raises(SystemExit, match="no solutions/triton_fused there"):
         plan_ab.load_other_tree(str(tmp_path))
@@ -123,7 +123,8 @@ def test_plan_ab_runs_another_trees_solution_beside_this_one(interpreted, tmp_pa
     plans = plan_ab.variant_plans(other, dims, {"one stream": "replace(plan, schedule=Schedule(side_stream=False))"})
     other_schedule, this_schedule = (type(m.plan_for(33).schedule) for m in (other, this))
     assert type(plans["one stream"].schedule) is other_schedule is not this_schedule
-    assert plan_ab.share_intermediates(other, this) and not plan_ab.share_intermediates(SimpleNamespace(), this)
+    assert plan_ab.share_stream_state(other, this) and not plan_ab.share_stream_state(SimpleNamespace(), this)
+    assert other._SIDE_STREAMS is this._SIDE_STREAMS
     (outputs, expected), (this_outputs, _) = (run_interpreted(m, dims, torch.float32, torch.float32) for m in (other, this))
     assert_match_in_float32(outputs, expected)
     assert all(torch.equal(a, b) for a, b in zip(outputs, this_outputs))

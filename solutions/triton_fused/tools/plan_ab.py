@@ -6,10 +6,10 @@
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket). --against ROOT times
 another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
 the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
-without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Where a
-call's intermediates lie moves its device time, by more than the changes this compares (docs/performance.md, v66), so
-both trees' calls take their intermediates from this tree's buffers (share_intermediates), where the other tree keeps
-them as this one does.
+without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). A tree's own
+side stream moved its device time by 2-4 us, more than the changes this compares (docs/performance.md, v66), so the
+other tree's calls run on this tree's side stream and intermediate buffers (share_stream_state), where it keeps them as
+this one does.
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
@@ -136,13 +136,15 @@ def load_other_tree(root: str) -> Any:
     return solution_module(folder)
 
 
-def share_intermediates(other: Any, module: Any) -> bool:
-    """Point the other tree's per-stream intermediate buffers at this tree's (solution._STREAM_SCRATCH, from 018914e):
-    calls on one stream are ordered, so contexts of both trees can share them as contexts of one tree's plans do.
-    False where the other tree keeps its intermediates otherwise (its buffers then lie elsewhere)."""
-    if not (hasattr(other, "_STREAM_SCRATCH") and hasattr(module, "_STREAM_SCRATCH")):
+def share_stream_state(other: Any, module: Any) -> bool:
+    """Point the other tree's side streams and per-stream intermediate buffers at this tree's (solution._SIDE_STREAMS
+    and _STREAM_SCRATCH, from 018914e): calls on one stream are ordered, so contexts of both trees can share them as
+    contexts of one tree's plans do. False where the other tree keeps them otherwise (its own then run its calls)."""
+    names = ("_SIDE_STREAMS", "_STREAM_SCRATCH")
+    if not all(hasattr(tree, name) for tree in (other, module) for name in names):
         return False
-    other._STREAM_SCRATCH = module._STREAM_SCRATCH
+    for name in names:
+        setattr(other, name, getattr(module, name))
     return True
 
 
@@ -248,11 +250,11 @@ def main() -> None:
     if other is not None:
         if AGAINST in variants:
             raise SystemExit(f"variant {AGAINST!r}: the name of --against's tree; name the variant otherwise")
-        shared = share_intermediates(other, module)
+        shared = share_stream_state(other, module)
         if not shared:
-            print(f"--against {args.against}: its tree keeps its intermediates elsewhere; differences include their placement")
+            print(f"--against {args.against}: its tree keeps its side stream and buffers otherwise; differences include theirs")
         with out.open("a") as handle:
-            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve()), "shared_intermediates": shared}) + "\n")
+            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve()), "shared_stream_state": shared}) + "\n")
     device = torch.device("cuda")
     for index, workload, arguments in workload_arguments(workloads, 0, device):
         dims, outputs = workload.dims, arguments[len(INPUTS) :]
