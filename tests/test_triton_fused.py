@@ -233,12 +233,11 @@ def interpreted():
 
 
 def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_sm: int = 0):
-    """Triton's kernels in tiny tiles; epilogue_split applies to dh_swiglu, programs_per_sm to dh_swiglu and the weight
-    gradients (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each program walk several
-    tiles)."""
+    """Triton's kernels in tiny tiles; epilogue_split applies to dh_swiglu, programs_per_sm to the weight gradients
+    (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each program walk several tiles)."""
     types = plan_types(module)
     wgrad = types.TritonWeightGrad(tile(module, 32, 32, 16, 1, 1, 1, programs_per_sm, programs_per_sm > 0))
-    dh = types.TritonDh(tile(module, 16, 32, 16, 1, 1, epilogue_split, programs_per_sm, programs_per_sm > 0))
+    dh = types.TritonDh(tile(module, 16, 32, 16, 1, 1, epilogue_split))
     dx = types.TritonDx(tile=tile(module, 16, 32, 16, 1, 1), split=dx_split)
     return types.Plan(dh=dh, grad_w2=wgrad, grad_w13=wgrad, dx=dx)
 
@@ -328,8 +327,8 @@ def test_epilogue_on_column_pieces(interpreted, epilogue_split: int, ffn: int) -
 
 @pytest.mark.parametrize("ffn", [128, 96])
 def test_persistent_programs_walk_every_tile(interpreted, ffn: int) -> None:
-    """4 programs over 12 (or 9) dh tiles and the 16 (or 12) tiles of [grad_w1; grad_w3], one launch: each
-    program covers several tiles, and at F = 96 the grad_w3 tiles start mid-round (6 grad_w1 tiles, 4 programs)."""
+    """4 programs over the 16 (or 12) tiles of [grad_w1; grad_w3], one launch: each program covers several tiles, and
+    at F = 96 the grad_w3 tiles start mid-round (6 grad_w1 tiles, 4 programs)."""
     outputs, expected = run_interpreted(interpreted, Dims(50, 33, 64, ffn), torch.float32, torch.float32, programs_per_sm=1)
     assert_match_in_float32(outputs, expected)
 
@@ -545,6 +544,13 @@ def test_impossible_weight_gradient_configuration_is_refused(interpreted) -> Non
     """Triton's weight gradient stores whole tiles: one configured otherwise is refused when it is made."""
     with pytest.raises(ValueError, match="stores whole tiles: epilogue_split 1, not 2"):
         plan_types(interpreted).TritonWeightGrad(tile(interpreted, 32, 32, 16, 1, 1, 2))
+
+
+@pytest.mark.parametrize("persistent", [(1, False), (0, True)], ids=["programs_per_sm", "flatten"])
+def test_persistent_triton_dh_is_refused(interpreted, persistent: tuple[int, bool]) -> None:
+    """Triton's dh runs one program per tile: a tile with a persistent grid or a flattened tile loop is refused."""
+    with pytest.raises(ValueError, match="one program per tile"):
+        plan_types(interpreted).TritonDh(tile(interpreted, 16, 32, 16, 1, 1, 1, *persistent))
 
 
 @pytest.mark.parametrize("dx_to_rows", [False, True])

@@ -42,10 +42,10 @@ change its dtype, next to a TMA-loaded one, gave wrong results that varied from 
 the H200 with Triton 3.6; docs/performance.md. So dx_kernel gets its own bf16 copy of dd and one K loop per
 launch. The Gluon dx, which controls its registers, converts in registers without that copy.)
 
-The dh and weight-gradient kernels are persistent when the launcher gives them fewer programs than tiles:
-each program walks the tiles `program_id, program_id + num_programs, ...`, and with FLATTEN Triton's
-pipeliner merges that loop with the K loop, so the loads of the next tile are in flight while this tile's
-epilogue stores (the weight gradients, whose K = T is short, are bound by those stores).
+The weight-gradient kernel is persistent when the launcher gives it fewer programs than tiles: each program
+walks the tiles `program_id, program_id + num_programs, ...`, and with FLATTEN Triton's pipeliner merges that
+loop with the K loop, so the loads of the next tile are in flight while this tile's epilogue stores (K = T is
+short, so the kernel is bound by those stores). dh runs one program per tile.
 
 Precision (SPEC section 4): the path g -> dh -> (d_a, d_up) -> grad_w1/grad_w3 keeps at least 10 mantissa
 bits: g and w2 are exact bf16 inputs, the routing weight multiplies the fp32 accumulator (ge is never
@@ -183,7 +183,6 @@ def dh_swiglu_kernel(
     BLOCK_N: tl.constexpr,  # ffn columns per tile
     BLOCK_K: tl.constexpr,  # hidden columns per step
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
-    FLATTEN: tl.constexpr,  # pipeline across the tiles of a persistent program
     GATHERED: tl.constexpr,  # g is gather_kernel's copy of the T rows (a descriptor); else grad_output itself
     LOW_COPY: tl.constexpr,  # also store d_a and d_up in bf16, for Triton's dx (not for the Gluon dx, which reads fp16)
 ):  # fmt: skip
@@ -199,57 +198,57 @@ def dh_swiglu_kernel(
     clipped there rather than spilling into the other half) and, with LOW_COPY, the same values in bf16 for
     Triton's dx.
 
-    Tiles are numbered token-tile fastest, so the programs that read one column block of w2 run together and
-    each byte of w2 comes from HBM once. Three fp32 activation tiles beside the accumulator overflow the
-    registers, and each store stages its tile in shared memory, so the epilogue can run on column halves or
-    quarters (EPILOGUE_SPLIT = 2 or 4).
+    One program per tile, numbered token-tile fastest, so the programs that read one column block of w2 run together
+    and each byte of w2 comes from HBM once. No loop over tiles: inside one, even one that runs once per program,
+    Triton compiles a slower main loop (docs/performance.md, T = 193-256). Three fp32 activation tiles beside the
+    accumulator overflow the registers, and each store stages its tile in shared memory, so the epilogue can run on
+    column halves or quarters (EPILOGUE_SPLIT = 2 or 4).
     """
     num_m = tl.cdiv(T, BLOCK_M)
-    num_tiles = num_m * tl.cdiv(F, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
-        off_m = (tile % num_m) * BLOCK_M
-        off_n = (tile // num_m) * BLOCK_N
-        rows = off_m + tl.arange(0, BLOCK_M)
-        tokens = rows < T
-        # The routing weights are loaded before the main loop, which hides their latency.
-        weights = tl.load(selected_weights + rows, mask=tokens, other=0.0).to(tl.float32)
-        if not GATHERED:
-            g_rows = g + tl.load(token_indices + rows, mask=tokens, other=0)[:, None] * H + tl.arange(0, BLOCK_K)[None, :]
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k in range(0, H, BLOCK_K):
-            if GATHERED:
-                g_block = g.load([off_m, k])
-            else:
-                g_block = tl.load(g_rows + k, mask=tokens[:, None], other=0.0)
-            acc = tl.dot(g_block, w2.load([k, off_n]), acc)
-
-        dh = acc * weights[:, None]
-        # fmt: off
-        if EPILOGUE_SPLIT == 1:
-            _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N, LOW_COPY)
-        elif EPILOGUE_SPLIT == 2:
-            half: tl.constexpr = BLOCK_N // 2
-            left, right = _halves(dh, BLOCK_M, BLOCK_N)
-            _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
-            _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
+    tile = tl.program_id(0)
+    off_m = (tile % num_m) * BLOCK_M
+    off_n = (tile // num_m) * BLOCK_N
+    rows = off_m + tl.arange(0, BLOCK_M)
+    tokens = rows < T
+    # The routing weights are loaded before the main loop, which hides their latency.
+    weights = tl.load(selected_weights + rows, mask=tokens, other=0.0).to(tl.float32)
+    if not GATHERED:
+        g_rows = g + tl.load(token_indices + rows, mask=tokens, other=0)[:, None] * H + tl.arange(0, BLOCK_K)[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, H, BLOCK_K):
+        if GATHERED:
+            g_block = g.load([off_m, k])
         else:
-            half: tl.constexpr = BLOCK_N // 2
-            quarter: tl.constexpr = BLOCK_N // 4
-            left, right = _halves(dh, BLOCK_M, BLOCK_N)
-            q0, q1 = _halves(left, BLOCK_M, half)
-            q2, q3 = _halves(right, BLOCK_M, half)
-            _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
-            _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
-            _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
-            _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output,
-                                   d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
-        # fmt: on
+            g_block = tl.load(g_rows + k, mask=tokens[:, None], other=0.0)
+        acc = tl.dot(g_block, w2.load([k, off_n]), acc)
+
+    dh = acc * weights[:, None]
+    # fmt: off
+    if EPILOGUE_SPLIT == 1:
+        _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N, LOW_COPY)
+    elif EPILOGUE_SPLIT == 2:
+        half: tl.constexpr = BLOCK_N // 2
+        left, right = _halves(dh, BLOCK_M, BLOCK_N)
+        _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
+        _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
+    else:
+        half: tl.constexpr = BLOCK_N // 2
+        quarter: tl.constexpr = BLOCK_N // 4
+        left, right = _halves(dh, BLOCK_M, BLOCK_N)
+        q0, q1 = _halves(left, BLOCK_M, half)
+        q2, q3 = _halves(right, BLOCK_M, half)
+        _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+        _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+        _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+        _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output,
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+    # fmt: on
 
 
 @triton.jit

@@ -56,7 +56,7 @@ class Tile:
     num_warps: int
     num_stages: int
     epilogue_split: int = 1  # dh_swiglu: column pieces of the epilogue, 1, 2 or 4
-    programs_per_sm: int = 0  # dh_swiglu and weight_grad: persistent grid of this many programs per SM; 0 = one per tile
+    programs_per_sm: int = 0  # weight_grad: persistent grid of this many programs per SM; 0 = one per tile
     flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
 
 
@@ -68,6 +68,10 @@ class TritonDh:
 
     tile: Tile
     gathers_rows: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tile.programs_per_sm or self.tile.flatten:
+            raise ValueError("dh_swiglu_kernel runs one program per tile: programs_per_sm 0 and flatten False")
 
 
 @dataclass(frozen=True, kw_only=True)
