@@ -200,7 +200,7 @@ def dh_swiglu_kernel(
 
     One program per tile, numbered token-tile fastest, so the programs that read one column block of w2 run together
     and each byte of w2 comes from HBM once. No loop over tiles: inside one, even one that runs once per program,
-    Triton compiles a slower main loop (docs/performance.md, T = 193-256). Three fp32 activation tiles beside the
+    Triton compiles a slower main loop (docs/performance.md, v69). Three fp32 activation tiles beside the
     accumulator overflow the registers, and each store stages its tile in shared memory, so the epilogue can run on
     column halves or quarters (EPILOGUE_SPLIT = 2 or 4).
     """
