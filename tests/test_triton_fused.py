@@ -62,6 +62,7 @@ def plan_ab_tool():
     tool = Path(__file__).resolve().parent.parent / "solutions" / "triton_fused" / "tools" / "plan_ab.py"
     spec = importlib.util.spec_from_file_location("plan_ab", tool)
     plan_ab = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = plan_ab  # as a script's import of it would (its dataclasses look their module up there)
     spec.loader.exec_module(plan_ab)
     return plan_ab
 
@@ -186,25 +187,31 @@ def test_plan_ab_draws_each_workloads_arguments_then_frees_them() -> None:
     assert [len(a) for a in seen] == [0, 0]
 
 
-def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted) -> None:
-    """The profiling tools' loop (timeline.py, ncu_call.py): every variant of every workload's bucket plan, each handed
-    over once it has made WARMUP_CALLS calls on that workload's own arguments."""
+def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted, tmp_path: Path) -> None:
+    """The profiling tools' loop (timeline.py, ncu_call.py): every variant of every workload's bucket plan, and with
+    --against the other tree's bucket plan, each handed over with the module that runs it once it has made
+    WARMUP_CALLS calls on that workload's own arguments."""
     plan_ab = plan_ab_tool()
     calls = []
-    module = SimpleNamespace(
-        __package__=interpreted.__package__,
-        plan_for=interpreted.plan_for,
-        backward=lambda *arguments, plan: calls.append((arguments, plan)),
-    )
+
+    def fake(tree: str) -> SimpleNamespace:
+        return SimpleNamespace(__package__=interpreted.__package__, plan_for=interpreted.plan_for,
+                               backward=lambda *arguments, plan: calls.append((tree, arguments, plan)))  # fmt: skip
+
+    this, other = fake("this"), fake("other")
     workloads = list(enumerate(load_named_suite("smoke").workloads))[1:3]
     variants = dict([plan_ab.parse_variant("one stream: plan.on_one_stream()")])
+    session = plan_ab.Session(this, other, variants, workloads, tmp_path / "log.jsonl")
     yielded = []
-    for index, workload, arguments, name, plan in plan_ab.warmed_variants(module, workloads, variants, 3, torch.device("cpu")):
+    for index, workload, arguments, name, solution, plan in plan_ab.warmed_variants(session, 3, torch.device("cpu")):
         assert len(calls) == plan_ab.WARMUP_CALLS
-        assert all(a == tuple(arguments) and p is plan for a, p in calls)
+        tree = "other" if name == plan_ab.AGAINST else "this"
+        assert all(t == tree and a == tuple(arguments) and p is plan for t, a, p in calls)
+        assert solution is (other if tree == "other" else this)
         calls.clear()
         yielded.append((index, name, plan.schedule.side_stream))
-    assert yielded == [(i, n, s) for i, _ in workloads for n, s in (("plan", True), ("one stream", False))]
+    expected = (("plan", True), ("one stream", False), (plan_ab.AGAINST, True))
+    assert yielded == [(i, n, s) for i, _ in workloads for n, s in expected]
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:

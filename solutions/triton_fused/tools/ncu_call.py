@@ -7,7 +7,8 @@ Warm-up calls first (compiling, and recording the call's context), then one call
 cudaProfilerStop, so that `--profile-from-start off` profiles that call's kernels and nothing of the set-up. ncu runs
 the kernels one at a time, each with the L2 flushed: a kernel's figures are its own, not those of the stages it shares
 the GPU with in a timed call (timeline.py shows that sharing). `--clock-control none` leaves the GPU's clocks as the
-timed runs have them. Each workload's bucket plan is profiled, and each --variant of it (the syntax of plan_ab.py).
+timed runs have them. Each workload's bucket plan is profiled, and each --variant of it (the syntax of plan_ab.py), and
+with --against another checkout's bucket plan.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    module, variants, workloads, _ = start_session(args)
+    session = start_session(args)
     device = torch.device("cuda")
-    for index, workload, arguments, name, plan in warmed_variants(module, workloads, variants, args.seed, device):
+    for index, workload, arguments, name, solution, plan in warmed_variants(session, args.seed, device):
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        module.backward(*arguments, plan=plan)
+        solution.backward(*arguments, plan=plan)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         print(f"#{index} B={workload.dims.batch_seq_len} T={workload.dims.num_tokens} {name}: one call profiled")

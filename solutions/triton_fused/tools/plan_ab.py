@@ -149,7 +149,8 @@ def share_stream_state(other: Any, module: Any) -> bool:
 
 
 def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
-    """The options plan_ab.py and timeline.py share: the workloads, the variants and the log file."""
+    """The options plan_ab.py, timeline.py and ncu_call.py share: the workloads, the variants, another tree and the log
+    file."""
     parser.add_argument("--suite", default="public", help="workload suite (workloads/NAME.yaml); default: public")
     parser.add_argument("--workloads", help="comma-separated indices of the suite's workloads (default: all)")
     parser.add_argument(
@@ -158,14 +159,39 @@ def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
         default=[],
         help="'name: expression' (repeatable; none: the bucket's plan alone)",
     )
+    parser.add_argument("--against", metavar="ROOT", help="another checkout's root: its triton_fused, as 'against'")
     parser.add_argument("--out", default=out, help="JSON lines log, appended to")
 
 
-def start_session(args: argparse.Namespace) -> tuple[Any, dict[str, str], list[tuple[int, Workload]], Path]:
-    """triton_fused's solution module, the variants by name, the chosen (index, workload) pairs and the log file, to
-    which this invocation's provenance header is appended (several invocations may share one file)."""
+@dataclasses.dataclass
+class Session:
+    """What one invocation of a tool works on: this tree's solution module, --against's (or None), the variants by
+    name, the chosen (index, workload) pairs and the log file."""
+
+    module: Any
+    other: Any | None
+    variants: dict[str, str]
+    workloads: list[tuple[int, Workload]]
+    out: Path
+
+    def plans(self, dims) -> dict[str, tuple[Any, Any]]:
+        """(solution module, plan) by name: the workload's bucket plan and each variant of it (variant_plans), and with
+        --against the other tree's bucket plan, as AGAINST."""
+        plans = {name: (self.module, plan) for name, plan in variant_plans(self.module, dims, self.variants).items()}
+        if self.other is not None:
+            plans[AGAINST] = self.other, self.other.plan_for(dims.num_tokens)
+        return plans
+
+
+def start_session(args: argparse.Namespace) -> Session:
+    """The invocation's Session; its provenance header (and --against's tree) appended to the log file, which several
+    invocations may share. The other tree is loaded first and runs on this tree's side stream and buffers
+    (share_stream_state)."""
+    other = load_other_tree(args.against) if args.against else None
     module = solution_module()
     variants = dict(parse_variant(text) for text in args.variant)
+    if other is not None and AGAINST in variants:
+        raise SystemExit(f"variant {AGAINST!r}: the name of --against's tree; name the variant otherwise")
     workloads = list(enumerate(load_named_suite(args.suite).workloads))
     if args.workloads:
         try:
@@ -176,7 +202,13 @@ def start_session(args: argparse.Namespace) -> tuple[Any, dict[str, str], list[t
     device = torch.device("cuda")
     with out.open("a") as handle:
         handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
-    return module, variants, workloads, out
+    if other is not None:
+        shared = share_stream_state(other, module)
+        if not shared:
+            print(f"--against {args.against}: its tree keeps its side stream and buffers otherwise; differences include theirs")
+        with out.open("a") as handle:
+            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve()), "shared_stream_state": shared}) + "\n")
+    return Session(module, other, variants, workloads, out)
 
 
 def workload_arguments(
@@ -196,16 +228,16 @@ def workload_arguments(
 
 
 def warmed_variants(
-    module, workloads: list[tuple[int, Workload]], variants: dict[str, str], seed: int, device: torch.device
-) -> Iterator[tuple[int, Workload, list[torch.Tensor], str, Any]]:
-    """(index, workload, arguments, name, plan) for each variant of each workload's bucket plan (variant_plans), on
-    that workload's arguments (workload_arguments), once the plan has made WARMUP_CALLS calls on them: what
-    timeline.py and ncu_call.py profile."""
-    for index, workload, arguments in workload_arguments(workloads, seed, device):
-        for name, plan in variant_plans(module, workload.dims, variants).items():
+    session: Session, seed: int, device: torch.device
+) -> Iterator[tuple[int, Workload, list[torch.Tensor], str, Any, Any]]:
+    """(index, workload, arguments, name, solution module, plan) for each of the session's plans of each workload
+    (Session.plans), on that workload's arguments (workload_arguments), once the plan has made WARMUP_CALLS calls on
+    them: what timeline.py and ncu_call.py profile."""
+    for index, workload, arguments in workload_arguments(session.workloads, seed, device):
+        for name, (solution, plan) in session.plans(workload.dims).items():
             for _ in range(WARMUP_CALLS):
-                module.backward(*arguments, plan=plan)
-            yield index, workload, arguments, name, plan
+                solution.backward(*arguments, plan=plan)
+            yield index, workload, arguments, name, solution, plan
 
 
 def summary(index: int, tokens: int, times: dict[str, list[float]], hosts: dict[str, list[float]] | None = None) -> list[str]:
@@ -242,25 +274,13 @@ def main() -> None:
     timers.add_argument("--sustained", action="store_true", help="time calls back to back, never pausing")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of discarded timings of the plans before each workload's first round")  # fmt: skip
-    parser.add_argument("--against", metavar="ROOT", help="another checkout's root: its triton_fused, as 'against'")
     args = parser.parse_args()
 
-    other = load_other_tree(args.against) if args.against else None
-    module, variants, workloads, out = start_session(args)
-    if other is not None:
-        if AGAINST in variants:
-            raise SystemExit(f"variant {AGAINST!r}: the name of --against's tree; name the variant otherwise")
-        shared = share_stream_state(other, module)
-        if not shared:
-            print(f"--against {args.against}: its tree keeps its side stream and buffers otherwise; differences include theirs")
-        with out.open("a") as handle:
-            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve()), "shared_stream_state": shared}) + "\n")
+    session = start_session(args)
     device = torch.device("cuda")
-    for index, workload, arguments in workload_arguments(workloads, 0, device):
+    for index, workload, arguments in workload_arguments(session.workloads, 0, device):
         dims, outputs = workload.dims, arguments[len(INPUTS) :]
-        plans = {name: (module, plan) for name, plan in variant_plans(module, dims, variants).items()}
-        if other is not None:
-            plans[AGAINST] = other, other.plan_for(dims.num_tokens)
+        plans = session.plans(dims)
         expected = None
         for name, (solution, plan) in plans.items():
             for out_tensor in outputs:
@@ -285,7 +305,7 @@ def main() -> None:
                 time_plan(args, solution, plan, arguments)
             if time.perf_counter() >= settled:
                 break
-        with out.open("a") as handle:
+        with session.out.open("a") as handle:
             for rep in range(args.reps):
                 for name, (solution, plan) in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
                     us, host_us = time_plan(args, solution, plan, arguments)
