@@ -44,17 +44,27 @@ def with_schedule(plan, **changes):
     return dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, **changes))
 
 
-def tile(module, m: int, n: int, k: int, warps: int, stages: int, *rest) -> object:
+def tile(module, m: int, n: int, k: int, warps: int, stages: int) -> object:
     """A Tile from its fields in order (the tests' shorthand)."""
-    names = ("epilogue_split", "programs_per_sm", "flatten")
-    return plan_types(module).Tile(block_m=m, block_n=n, block_k=k, num_warps=warps, num_stages=stages, **dict(zip(names, rest)))
+    return plan_types(module).Tile(block_m=m, block_n=n, block_k=k, num_warps=warps, num_stages=stages)
 
 
-# Triton kernels' tiles for comparisons against the Gluon kernels where a bucket's plan has none.
-DH_WIDE = (128, 256, 64, 8, 4, 4)
+def triton_weight_grad(module, m: int, n: int, k: int, warps: int, stages: int, programs_per_sm: int = 0) -> object:
+    """Triton's weight gradient in a tile; with programs_per_sm, a persistent grid whose tile loop is flattened."""
+    types = plan_types(module)
+    return types.TritonWeightGrad(tile(module, m, n, k, warps, stages), programs_per_sm=programs_per_sm,
+                                  flatten=programs_per_sm > 0)  # fmt: skip
+
+
+# Triton's kernels for comparisons against the Gluon kernels where a bucket's plan has none: dh in 128 x 256 tiles with
+# its epilogue in quarters, dx's tile, the weight gradient's (tile, programs_per_sm).
+def triton_dh_wide(module, gathers_rows: bool = False) -> object:
+    return plan_types(module).TritonDh(tile(module, 128, 256, 64, 8, 4), gathers_rows=gathers_rows, epilogue_split=4)
+
+
 DX_WIDE = (128, 256, 64, 8, 4)
-WGRAD_WIDE = (128, 256, 64, 8, 3, 1, 1, True)
-WGRAD_PAIR = (128, 128, 64, 4, 3, 1, 2, True)
+WGRAD_WIDE = (128, 256, 64, 8, 3, 1)
+WGRAD_PAIR = (128, 128, 64, 4, 3, 2)
 
 
 def plan_ab_tool():
@@ -243,8 +253,8 @@ def small_plan(module, dx_split: int = 2, epilogue_split: int = 1, programs_per_
     """Triton's kernels in tiny tiles; epilogue_split applies to dh_swiglu, programs_per_sm to the weight gradients
     (the CPU interpreter counts 4 multiprocessors, so programs_per_sm = 1 makes each program walk several tiles)."""
     types = plan_types(module)
-    wgrad = types.TritonWeightGrad(tile(module, 32, 32, 16, 1, 1, 1, programs_per_sm, programs_per_sm > 0))
-    dh = types.TritonDh(tile(module, 16, 32, 16, 1, 1, epilogue_split))
+    wgrad = triton_weight_grad(module, 32, 32, 16, 1, 1, programs_per_sm)
+    dh = types.TritonDh(tile(module, 16, 32, 16, 1, 1), epilogue_split=epilogue_split)
     dx = types.TritonDx(tile=tile(module, 16, 32, 16, 1, 1), split=dx_split)
     return types.Plan(dh=dh, grad_w2=wgrad, grad_w13=wgrad, dx=dx)
 
@@ -547,17 +557,11 @@ def test_warp_specialized_weight_gradient_needs_a_gpu(interpreted, field: str) -
         run_interpreted(interpreted, Dims(16, 16, 32, 96), torch.float32, torch.float32, plan=plan)
 
 
-def test_impossible_weight_gradient_configuration_is_refused(interpreted) -> None:
-    """Triton's weight gradient stores whole tiles: one configured otherwise is refused when it is made."""
-    with pytest.raises(ValueError, match="stores whole tiles: epilogue_split 1, not 2"):
-        plan_types(interpreted).TritonWeightGrad(tile(interpreted, 32, 32, 16, 1, 1, 2))
-
-
-@pytest.mark.parametrize("persistent", [(1, False), (0, True)], ids=["programs_per_sm", "flatten"])
-def test_persistent_triton_dh_is_refused(interpreted, persistent: tuple[int, bool]) -> None:
-    """Triton's dh runs one program per tile: a tile with a persistent grid or a flattened tile loop is refused."""
-    with pytest.raises(ValueError, match="one program per tile"):
-        plan_types(interpreted).TritonDh(tile(interpreted, 16, 32, 16, 1, 1, 1, *persistent))
+@pytest.mark.parametrize("split", [0, 3, 8])
+def test_triton_dh_epilogue_split_is_checked(interpreted, split: int) -> None:
+    """Triton's dh splits its epilogue into 1, 2 or 4 column pieces: any other split is refused when the plan is made."""
+    with pytest.raises(ValueError, match=f"1, 2 or 4 pieces, not {split}"):
+        plan_types(interpreted).TritonDh(tile(interpreted, 16, 32, 16, 1, 1), epilogue_split=split)
 
 
 @pytest.mark.parametrize("dx_to_rows", [False, True])
@@ -593,7 +597,7 @@ def test_grad_w2_last_step(interpreted) -> None:
     """The gather shifts ge's last block by the rows of grad_w2's last step: Triton's whole block_k, or the Gluon
     kernel's short step of 32 rows where at most 32 tokens are left, else its whole step of 64."""
     gluon = interpreted.plan_for(256)
-    triton_kernel = dataclasses.replace(gluon, grad_w2=plan_types(interpreted).TritonWeightGrad(tile(interpreted, *WGRAD_PAIR)))
+    triton_kernel = dataclasses.replace(gluon, grad_w2=triton_weight_grad(interpreted, *WGRAD_PAIR))
     assert triton_kernel.grad_w2_last_step(196) == 64
     assert [gluon.grad_w2_last_step(t) for t in (196, 215, 224, 240, 296, 256, 20)] == [32, 32, 32, 64, 64, 64, 32]
 
@@ -659,13 +663,13 @@ def test_dh_without_the_low_copy_writes_the_same_dd(interpreted, epilogue_split:
     dims = Dims(50, 33, 64, 80)
     inputs = interpreted_inputs(dims, torch.float32)
     outputs = {spec.name: torch.empty(spec.concrete_shape(dims)) for spec in OUTPUTS}
-    dh_tile = small_plan(interpreted, epilogue_split=epilogue_split).dh.tile
+    dh = small_plan(interpreted, epilogue_split=epilogue_split).dh
     written = []
     for low_copy in (True, False):
         p = interpreted.Problem(inputs, outputs, torch.float32, 1, 16, low_copy)
         p.dd.fill_(float("nan"))
         interpreted.gather(p)
-        interpreted.dh_swiglu(p, dh_tile)
+        interpreted.dh_swiglu(p, dh)
         written.append(p.dd[: dims.num_tokens])
     assert (p.dd_low is None) and not written[1].isnan().any()
     assert torch.equal(written[0], written[1])
@@ -796,7 +800,7 @@ def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
     outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, 1, 64)
     module.gather(p)
-    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    module.dh_swiglu(p, triton_dh_wide(module))
     expected = [p.dd.float(), p.dd_low.float()]
     p.dd.fill_(float("nan"))
     p.dd_low.fill_(float("nan"))
@@ -853,7 +857,7 @@ def test_dh_with_grad_w2_matches_the_separate_kernels(dims: Dims) -> None:
     outputs = cuda_outputs(dims)
     p = module.Problem(inputs, outputs, torch.float16, 1, 64, low_copy=False, write_ge=False)
     module.gather(p)
-    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    module.dh_swiglu(p, triton_dh_wide(module))
     rows = plan.dh.rows
     expected = p.dd[:rows].float()
     g = p.g[: dims.num_tokens].float() * inputs["selected_weights"].float()[:, None]
@@ -969,10 +973,8 @@ def test_warp_specialized_grad_w2_gives_the_same_bits(dims: Dims, by_column: boo
     outputs = list(cuda_outputs(dims).values())
     types, plan = plan_types(module), module.plan_for(dims.num_tokens)
     # Triton's kernel in the tile the buckets gave it before they moved to the Gluon kernel
-    triton_tile = (
-        (128, 128, 64, 4, 4, 1, 1, True) if dims.num_tokens <= 64 else WGRAD_PAIR if dims.num_tokens <= 256 else WGRAD_WIDE
-    )
-    triton_kernel = dataclasses.replace(plan, grad_w2=types.TritonWeightGrad(tile(module, *triton_tile)))
+    triton_tile = (128, 128, 64, 4, 4, 1) if dims.num_tokens <= 64 else WGRAD_PAIR if dims.num_tokens <= 256 else WGRAD_WIDE
+    triton_kernel = dataclasses.replace(plan, grad_w2=triton_weight_grad(module, *triton_tile))
     gluon_kernel = types.GluonWeightGrad(by_column=by_column, dynamic=dynamic)
     gluon = dataclasses.replace(plan, grad_w2=gluon_kernel)
     triton_bits, *gluon_calls = outputs_by_plan(module, inputs, outputs, (triton_kernel, gluon, gluon, gluon))
@@ -997,9 +999,9 @@ def test_warp_specialized_weight_gradient_matches_the_triton_kernel(dims: Dims) 
     p = module.Problem(inputs, outputs, torch.float16, 1, 64, False)
     module.gather(p)
     module.routing_x16(p)
-    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    module.dh_swiglu(p, triton_dh_wide(module))
     names = ("grad_w1_weight", "grad_w3_weight")
-    module.grad_w13(p, types.TritonWeightGrad(tile(module, *WGRAD_WIDE)))
+    module.grad_w13(p, triton_weight_grad(module, *WGRAD_WIDE))
     expected = [outputs[name].clone() for name in names]
     for call in range(3):
         for name in names:
@@ -1025,7 +1027,7 @@ def test_warp_specialized_dx_matches_the_triton_kernel(dims: Dims) -> None:
     p = module.Problem(inputs, outputs, torch.float16, module.plan_for(256).dx_split(dims.ffn_dim), 64)
     assert (dims.ffn_dim // p.dx_split // gluon_dx.tile.block_k) % 2 == (dims.ffn_dim == 320)
     module.gather(p)
-    module.dh_swiglu(p, tile(module, *DH_WIDE))
+    module.dh_swiglu(p, triton_dh_wide(module))
     module.dx(p, triton_dx)
     expected = p.partials.float().sum(0)
     p.partials.fill_(float("nan"))
@@ -1057,12 +1059,12 @@ def test_fused_dx_and_weight_gradients_match_the_separate_kernels(dims: Dims) ->
     p = module.Problem(inputs, outputs, torch.float16, plan.dx_split(dims.ffn_dim), 64)
     module.gather(p, write_g=False)
     module.routing_x16(p)
-    module.dh_swiglu(p, tile(module, *DH_WIDE), gathered=False)
+    module.dh_swiglu(p, triton_dh_wide(module, gathers_rows=True))
     # Triton's dx and grad_w1/grad_w3 in the tiles the bucket gave them before the fused kernel
     module.dx(p, types.TritonDx(tile=tile(module, 128, 128, 64, 4, 3), split=p.dx_split))
     expected_dx = p.partials.float().sum(0)
     names = ("grad_w1_weight", "grad_w3_weight")
-    module.grad_w13(p, types.TritonWeightGrad(tile(module, 128, 128, 64, 4, 3, 1, 1, True)))
+    module.grad_w13(p, triton_weight_grad(module, 128, 128, 64, 4, 3, 1))
     expected = [outputs[name].clone() for name in names]
     first = None
     for call in range(3):

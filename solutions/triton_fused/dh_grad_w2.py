@@ -94,8 +94,8 @@ def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready
              grad_w2_desc, selected_weights, T, H, HAS_TAIL: gl.constexpr):  # fmt: skip
     """grad_w2's warpgroup: gated_output's rows times the routing weights in place, then per K step grad_w2's block
     [64, 128] over all the tokens, into staging buffer step % 2 once the store that last read it is done, stored by
-    TMA; arrives on grad_read once its last wgmma is done (the ring and gated_output's buffers are then free) and on
-    grad_done once its last store is (the staging buffers too)."""
+    TMA; arrives on grad_read once its last wgmma is done (the ring and gated_output's buffers are then free) and, with
+    a tail (whose activations dh's warps then load into the staging buffers), on grad_done once its last store is."""
     BLOCK_K: gl.constexpr = head_bufs.shape[2]
     HEAD: gl.constexpr = head_bufs.shape[1]
     BLOCK_F: gl.constexpr = gw_head.shape[1]
@@ -124,8 +124,9 @@ def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready
         tma.async_copy_shared_to_global(grad_w2_desc, [step * BLOCK_K, off_f], buffer)
     mbarrier.arrive(grad_read, count=1)
     tma.store_wait(0)
-    gl.thread_barrier()
-    mbarrier.arrive(grad_done, count=1)
+    if HAS_TAIL:
+        gl.thread_barrier()  # every warp's stores are done
+        mbarrier.arrive(grad_done, count=1)
 
 
 @gluon.jit

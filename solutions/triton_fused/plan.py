@@ -48,30 +48,28 @@ SWAP_ACT_WIDTH = 32  # and the columns of its epilogue's pieces
 
 @dataclass(frozen=True, kw_only=True)
 class Tile:
-    """A Triton kernel's tile (kernels.py): block sizes, warps, pipeline stages, and the persistent kernels' options."""
+    """A Triton kernel's tile (kernels.py): block sizes, warps and pipeline stages."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    epilogue_split: int = 1  # dh_swiglu: column pieces of the epilogue, 1, 2 or 4
-    programs_per_sm: int = 0  # weight_grad: persistent grid of this many programs per SM; 0 = one per tile
-    flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
 
 
 @dataclass(frozen=True)
 class TritonDh:
-    """dh by Triton's dh_swiglu_kernel. With gathers_rows it loads its rows of grad_output itself (pointer loads,
-    slower than TMA), so that no kernel stands between the call's start and dh: the launcher then issues dh first and
-    the gather, which writes only the weighted copy ge for grad_w2, on the side stream."""
+    """dh by Triton's dh_swiglu_kernel, one program per tile. With gathers_rows it loads its rows of grad_output itself
+    (pointer loads, slower than TMA), so that no kernel stands between the call's start and dh: the launcher then issues
+    dh first and the gather, which writes only the weighted copy ge for grad_w2, on the side stream."""
 
     tile: Tile
     gathers_rows: bool = False
+    epilogue_split: int = 1  # the epilogue on the tile's columns in this many pieces: 1, 2 or 4
 
     def __post_init__(self) -> None:
-        if self.tile.programs_per_sm or self.tile.flatten:
-            raise ValueError("dh_swiglu_kernel runs one program per tile: programs_per_sm 0 and flatten False")
+        if self.epilogue_split not in (1, 2, 4):
+            raise ValueError(f"dh_swiglu_kernel splits its epilogue into 1, 2 or 4 pieces, not {self.epilogue_split}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,13 +114,12 @@ Dh = TritonDh | GluonDh | DhGradW2
 
 @dataclass(frozen=True)
 class TritonWeightGrad:
-    """A weight gradient by Triton's persistent weight_grad_kernel, which stores whole tiles."""
+    """A weight gradient by Triton's weight_grad_kernel: one program per tile, or a persistent grid of programs_per_sm
+    programs per SM, each walking several tiles."""
 
     tile: Tile
-
-    def __post_init__(self) -> None:
-        if self.tile.epilogue_split != 1:
-            raise ValueError(f"weight_grad_kernel stores whole tiles: epilogue_split 1, not {self.tile.epilogue_split}")
+    programs_per_sm: int = 0
+    flatten: bool = False  # with a persistent grid: pipeline the loads of the next tile under this tile's epilogue
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,7 +328,7 @@ def weight_grad_steps(tokens: int) -> tuple[int, int]:
 
 # Tiles shared by several buckets.
 _DX_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
-_DH_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4, epilogue_split=4)
+_DH_WIDE = Tile(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4)
 _GLUON_DH_SMALL_TILES = GluonDh(block_k=64, stages=5, act_width=16, act_buffers=2, block_n=128, after_gather=True)
 _GLUON_DX_INTO_ROWS = GluonDx(tile=_DX_WIDE, split=1, to_rows=True)
 
@@ -342,10 +339,10 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # longer fit on the SMs at once. Its loads wait on memory with few warps to issue from: 8 warps per tile issue more.
     (64, Plan(
         dh=TritonDh(Tile(block_m=64, block_n=64, block_k=64, num_warps=8, num_stages=6), gathers_rows=True),
-        grad_w2=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4,
-                                      programs_per_sm=1, flatten=True)),
-        grad_w13=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2,
-                                       programs_per_sm=2, flatten=True)),
+        grad_w2=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
+                                 programs_per_sm=1, flatten=True),
+        grad_w13=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2),
+                                  programs_per_sm=2, flatten=True),
         dx=TritonDx(tile=Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), split=4),
         schedule=Schedule(dx_on_side=(True, False), scatter_at="side"),
     )),
@@ -364,7 +361,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # their tail; above, dh in 128 x 256 tiles, two rows of them (three rows of 64 were slower), grad_w2 beside it.
     (160, replace(_FUSED_PLAN, dh=replace(_FUSED_PLAN.dh, tail=True), dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
     (192, Plan(
-        dh=TritonDh(_DH_WIDE, gathers_rows=True),
+        dh=TritonDh(_DH_WIDE, gathers_rows=True, epilogue_split=4),
         grad_w2=GluonWeightGrad(),
         grad_w13=None,
         dx=FusedDxGradW13(stages=3, split=2, block_m=192),
@@ -372,7 +369,7 @@ PLANS: tuple[tuple[int, Plan], ...] = (
     # dx, which reads the weights, beside grad_w1/grad_w3, which writes theirs: they share the GPU's bound.
     # dh's tiles in 16 warps, 128 registers a thread rather than 255 in 8, its epilogue in halves.
     (256, Plan(
-        dh=TritonDh(replace(_DH_WIDE, num_warps=16, epilogue_split=2), gathers_rows=True),
+        dh=TritonDh(replace(_DH_WIDE, num_warps=16), gathers_rows=True, epilogue_split=2),
         grad_w2=GluonWeightGrad(dynamic=True),
         grad_w13=GluonWeightGrad(dynamic=True),
         dx=_GLUON_DX_INTO_ROWS,

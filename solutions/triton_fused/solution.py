@@ -60,6 +60,7 @@ from .plan import (
     GluonWeightGrad,
     Plan,
     Tile,
+    TritonDh,
     TritonDx,
     TritonWeightGrad,
     WeightGrad,
@@ -99,12 +100,6 @@ def _check_tma_alignment(tensor: torch.Tensor) -> None:
 def _descriptor(tensor: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     _check_tma_alignment(tensor)
     return TensorDescriptor.from_tensor(tensor, block_shape)
-
-
-def _grid(tiles: int, tile: Tile, device: torch.device) -> tuple[int]:
-    if tile.programs_per_sm == 0:
-        return (tiles,)
-    return (min(tiles, tile.programs_per_sm * _multiprocessors(device)),)
 
 
 class StreamScratch:
@@ -306,18 +301,19 @@ def zero_unselected(p: Problem) -> None:
     )  # fmt: skip
 
 
-def dh_swiglu(p: Problem, t: Tile, gathered: bool = True) -> None:
-    """dh and the SwiGLU backward, reading g (gathered) or the rows of grad_output that token_indices selects."""
-    i = p.inputs
+def dh_swiglu(p: Problem, w: TritonDh) -> None:
+    """dh and the SwiGLU backward by Triton's kernel, reading the gathered g or, where w.gathers_rows, the rows of
+    grad_output that token_indices selects."""
+    i, t, gathered = p.inputs, w.tile, not w.gathers_rows
     g = p.descriptor(p.g, [t.block_m, t.block_k]) if gathered else i["grad_output"]
-    block = [t.block_m, t.block_n // t.epilogue_split]
+    block = [t.block_m, t.block_n // w.epilogue_split]
     outputs = [p.descriptor(half, block) for half in p.halves(p.dd)]
     outputs += [p.descriptor(half, block) for half in p.halves(p.dd_low)] if p.low_copy else [None, None]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
     p.launch(dh_swiglu_kernel, (tiles,),
         g, i["token_indices"], p.descriptor(i["w2_weight"], [t.block_k, t.block_n]),
         i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=t.epilogue_split,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=w.epilogue_split,
         GATHERED=gathered, LOW_COPY=p.low_copy, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
@@ -379,18 +375,21 @@ def dh_grad_w2(p: Problem, w: DhGradW2) -> None:
 
 
 def _weight_grad(
-    p: Problem, t: Tile, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None
+    p: Problem, w: TritonWeightGrad, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, c_high: torch.Tensor | None = None
 ) -> None:
-    """[c; c_high] = a^T @ b over the T tokens, with a (p.rows x M, padded), b (p.rows or T rows, N columns; see
-    weight_grad_kernel), c and c_high (N columns each) stacked into M rows."""
-    m, n = a.shape[1], b.shape[1]
+    """[c; c_high] = a^T @ b over the T tokens by Triton's kernel, with a (p.rows x M, padded), b (p.rows or T rows, N
+    columns; see weight_grad_kernel), c and c_high (N columns each) stacked into M rows."""
+    t, m, n = w.tile, a.shape[1], b.shape[1]
     row_tiles = triton.cdiv(m, t.block_m)
     high_from = c.shape[0] if c_high is not None else row_tiles * t.block_m  # a whole number of tiles
     store = [t.block_m, t.block_n]
-    p.launch(weight_grad_kernel, _grid(row_tiles * triton.cdiv(n, t.block_n), t, p.device),
+    programs = tiles = row_tiles * triton.cdiv(n, t.block_n)
+    if w.programs_per_sm:
+        programs = min(tiles, w.programs_per_sm * _multiprocessors(p.device))
+    p.launch(weight_grad_kernel, (programs,),
         p.descriptor(a, [t.block_k, t.block_m]), p.descriptor(b, [t.block_k, t.block_n]),
         p.descriptor(c, store), p.descriptor(c if c_high is None else c_high, store), p.tokens, b.shape[0], m, n, high_from,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, FLATTEN=t.flatten,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, FLATTEN=w.flatten,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
 
@@ -398,7 +397,7 @@ def _weight_grad(
 def _weight_grad_launch(p: Problem, w: WeightGrad) -> Callable[..., None]:
     """launch(a, b, c, c_high=None) of _weight_grad: by Triton's kernel, or by the Gluon kernel."""
     if isinstance(w, TritonWeightGrad):
-        return functools.partial(_weight_grad, p, w.tile)
+        return functools.partial(_weight_grad, p, w)
     return functools.partial(_weight_grad_warp_specialized, p, w)
 
 
@@ -655,7 +654,7 @@ def _issue(p: Problem, plan: Plan) -> None:
     side_starts = dh_first or "start" in (s.zeros_at, s.x16_at)
     inputs_ready = p.recorded_event(caller) if side_starts else None
     if dh_first:
-        dh_swiglu(p, plan.dh.tile, gathered=False)
+        dh_swiglu(p, plan.dh)
         dh_done = p.recorded_event(caller)
     counters_zeroed = side_operands_ready = None
     if side_starts:
@@ -711,7 +710,7 @@ def _dh_behind_gather(p: Problem, plan: Plan, caller: torch.cuda.Stream | None) 
     elif isinstance(plan.dh, DhGradW2):
         dh_grad_w2(p, plan.dh)
     else:
-        dh_swiglu(p, plan.dh.tile, gathered=True)
+        dh_swiglu(p, plan.dh)
     return p.recorded_event(caller)
 
 
