@@ -56,12 +56,14 @@ def triton_weight_grad(module, m: int, n: int, k: int, warps: int, stages: int, 
                                   flatten=programs_per_sm > 0)  # fmt: skip
 
 
-# Triton's kernels for comparisons against the Gluon kernels where a bucket's plan has none: dh in 128 x 256 tiles with
-# its epilogue in quarters, dx's tile, the weight gradient's (tile, programs_per_sm).
 def triton_dh_wide(module, gathers_rows: bool = False) -> object:
+    """Triton's dh in 128 x 256 tiles, its epilogue in quarters: what the Gluon kernels are compared against where a
+    bucket's plan has no Triton dh."""
     return plan_types(module).TritonDh(tile(module, 128, 256, 64, 8, 4), gathers_rows=gathers_rows, epilogue_split=4)
 
 
+# Triton kernels' tiles for comparisons against the Gluon kernels where a bucket's plan has none: dx's tile, and the
+# weight gradient's tile with its programs_per_sm (triton_weight_grad's arguments).
 DX_WIDE = (128, 256, 64, 8, 4)
 WGRAD_WIDE = (128, 256, 64, 8, 3, 1)
 WGRAD_PAIR = (128, 128, 64, 4, 3, 2)

@@ -7,8 +7,8 @@
 another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
 the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
 without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). A tree's own
-side stream moved its device time by 2-4 us, more than the changes this compares (docs/performance.md, v66), so the
-other tree's calls run on this tree's side stream and intermediate buffers (share_stream_state), where it keeps them as
+side stream moved its device time by more than the changes this compares (docs/performance.md, v66), so the other
+tree's calls run on this tree's side stream and intermediate buffers (share_stream_state), where it keeps them as
 this one does.
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
