@@ -790,6 +790,32 @@ def swiglu_inputs_at_the_edges(dims: Dims) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dims", [Dims(512, 64), Dims(2048, 256)], ids=lambda d: f"T{d.num_tokens}")
+def test_fast_silu_writes_what_tl_sigmoid_writes(dims: Dims) -> None:
+    """Triton's dh computes silu's exp and reciprocal in PTX's flush-to-zero forms on a GPU (FAST_MATH): d_a and d_up,
+    fp16 and bf16, have the bits tl.sigmoid's range-checked forms give."""
+    module = solution_module()
+    p = module.Problem(swiglu_inputs_at_the_edges(dims), cuda_outputs(dims), torch.float16, 1, 64)
+    module.gather(p)
+    fast = p.launch
+
+    def with_tl_sigmoid(kernel, grid, *args, **kwargs) -> None:
+        fast(kernel, grid, *args, **{**kwargs, "FAST_MATH": False})
+
+    written = []
+    for launch in (fast, with_tl_sigmoid):
+        p.launch = launch
+        p.dd.fill_(float("nan"))
+        p.dd_low.fill_(float("nan"))
+        module.dh_swiglu(p, triton_dh_wide(module))
+        written.append((p.dd.clone(), p.dd_low.clone()))
+    assert not written[0][0].isnan().any(), "rows or columns left unwritten"
+    for name, got, want in (("dd", written[0][0], written[1][0]), ("dd_low", written[0][1], written[1][1])):
+        differ = (got != want).sum().item()
+        assert differ == 0, f"{name}: {differ} of {got.numel()} values differ, at most {(got - want).abs().max().item()}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dims", [Dims(2689, 336), Dims(3967, 496), Dims(4096, 2048)], ids=lambda d: f"T{d.num_tokens}")
 def test_warp_specialized_dh_matches_the_triton_kernel(dims: Dims) -> None:
     """The Gluon dh writes what Triton's writes, up to the fp16 rounding of dh it hands over, on every row of d_a and d_up

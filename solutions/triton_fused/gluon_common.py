@@ -91,7 +91,13 @@ def split_columns(x, PIECES: gl.constexpr):
 @gluon.jit
 def swiglu_backward(dh, a, up, gate):
     """d_a = dh * up * silu'(a) and d_up = dh * gate in fp32 (a from w1_output; all four fp32 tensors)."""
-    s = 1.0 / (1.0 + gl.exp(-a))
+    # silu's exp and reciprocal in PTX's flush-to-zero forms: gl.exp and `/` wrap each in range fix-ups (a compare and a
+    # rescale on either side of the MUFU) that only matter where exp(-a) leaves fp32's normal range, far past what the
+    # fp16 and bf16 outputs resolve, and cost the epilogue several instructions per element.
+    e = gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [a * -1.4426950408889634], dtype=gl.float32,
+                                  is_pure=True, pack=1)  # fmt: skip
+    s = gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e], dtype=gl.float32, is_pure=True,
+                                  pack=1)  # fmt: skip
     grad_a = dh * up * s * (1.0 + a * (1.0 - s))
     # An fp32 multiply LLVM cannot see through: with dh and gate both widened from 16 bits and the product only
     # rounded to fp16 (no bf16 copy), it would multiply in fp16 instead, rounding gate (bf16) to fp16 first:

@@ -144,10 +144,13 @@ def routing_x16_kernel(
 @triton.jit
 def _swiglu_backward_store(
     dh, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOW_COPY: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOW_COPY: tl.constexpr, FAST_MATH: tl.constexpr,
 ):  # fmt: skip
     """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32; each is
-    stored in fp16 (d_a, d_up) and, with LOW_COPY, again in bf16 (d_a_low, d_up_low).
+    stored in fp16 (d_a, d_up) and, with LOW_COPY, again in bf16 (d_a_low, d_up_low). With FAST_MATH (on a GPU;
+    Triton's CPU interpreter runs no PTX) silu's exp and reciprocal are PTX's flush-to-zero forms, which carry none of
+    the range fix-ups tl.sigmoid's do: they differ only where exp(-a) leaves fp32's normal range, far past what the
+    fp16 and bf16 outputs resolve.
 
     The activations come through plain loads straight into registers: staged through shared memory by TMA,
     their three tiles would crowd out the pipeline buffers.
@@ -159,7 +162,13 @@ def _swiglu_backward_store(
     a = tl.load(w1_output + act, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(up_output + act, mask=mask, other=0.0).to(tl.float32)
     gate = tl.load(gate_output + act, mask=mask, other=0.0).to(tl.float32)
-    s = tl.sigmoid(a)
+    if FAST_MATH:
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [a * -1.4426950408889634],
+                                      dtype=tl.float32, is_pure=True, pack=1)  # fmt: skip
+        s = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + e], dtype=tl.float32,
+                                      is_pure=True, pack=1)  # fmt: skip
+    else:
+        s = tl.sigmoid(a)
     grad_a = dh * up * s * (1.0 + a * (1.0 - s))
     grad_up = dh * gate
     d_a.store([off_m, off_n], grad_a.to(d_a.dtype))
@@ -185,6 +194,7 @@ def dh_swiglu_kernel(
     EPILOGUE_SPLIT: tl.constexpr,  # 1, 2 or 4: the epilogue works on BLOCK_N / EPILOGUE_SPLIT columns at a time
     GATHERED: tl.constexpr,  # g is gather_kernel's copy of the T rows (a descriptor); else grad_output itself
     LOW_COPY: tl.constexpr,  # also store d_a and d_up in bf16, for Triton's dx (not for the Gluon dx, which reads fp16)
+    FAST_MATH: tl.constexpr,  # silu by PTX's flush-to-zero exp and reciprocal (see _swiglu_backward_store)
 ):  # fmt: skip
     """dh = diag(w) (g @ w2) with the SwiGLU backward fused into the epilogue.
 
@@ -226,14 +236,14 @@ def dh_swiglu_kernel(
     # fmt: off
     if EPILOGUE_SPLIT == 1:
         _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N, LOW_COPY, FAST_MATH)
     elif EPILOGUE_SPLIT == 2:
         half: tl.constexpr = BLOCK_N // 2
         left, right = _halves(dh, BLOCK_M, BLOCK_N)
         _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY, FAST_MATH)
     else:
         half: tl.constexpr = BLOCK_N // 2
         quarter: tl.constexpr = BLOCK_N // 4
@@ -241,13 +251,13 @@ def dh_swiglu_kernel(
         q0, q1 = _halves(left, BLOCK_M, half)
         q2, q3 = _halves(right, BLOCK_M, half)
         _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY)
+                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
     # fmt: on
 
 

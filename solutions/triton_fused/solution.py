@@ -314,7 +314,8 @@ def dh_swiglu(p: Problem, w: TritonDh) -> None:
         g, i["token_indices"], p.descriptor(i["w2_weight"], [t.block_k, t.block_n]),
         i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=w.epilogue_split,
-        GATHERED=gathered, LOW_COPY=p.low_copy, num_warps=t.num_warps, num_stages=t.num_stages,
+        GATHERED=gathered, LOW_COPY=p.low_copy, FAST_MATH=p.device.type == "cuda", num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )  # fmt: skip
 
 
