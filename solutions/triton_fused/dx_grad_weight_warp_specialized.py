@@ -32,8 +32,9 @@ padded tokens; rows of the partials past T are not stored.
 Precision: the weight gradients' operands are the fp16 dd and x16 (SPEC section 4), dx's the bf16 rounding of dd's
 fp16 values and the bf16 weights, as dx_warp_specialized.py's; every product accumulates in fp32.
 
-Shared memory: STAGES x (BLOCK_M / 8 + 16) KB of operands, BLOCK_M / 4 KB of x16, 2 x 8 KB of staging: 176 KB at
-BLOCK_M = 128 with 4 stages, 184 KB at 192 with 3 (176 at 160: the tail's stage buffers keep 64 rows).
+Shared memory: STAGES x (BLOCK_M / 8 + 16) KB of operands, BLOCK_M / 4 KB of x16, 8 KB of staging per product
+warpgroup: 176 KB at BLOCK_M = 128 with 4 stages, 224 KB at 160 with 4 (the tail's stage buffers keep 64 rows), 192
+KB at 192 with 3.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from .gluon_common import (
     load_weight_block,
     operand_ring,
     release_stage,
+    split_columns,
     wait_stage_free,
     wait_stage_ready,
     wgmma_layout,
@@ -141,15 +143,21 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
         else:
             acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
             release_stage(empty, step)
-    # Out of wgmma's layout (a warp's store touches 8 rows, 16 bytes each) into one whose warp stores two rows of 256
-    # contiguous bytes, so that the partial's stores coalesce.
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+    # The partial goes out of wgmma's layout (a warp's store touches 8 rows, 16 bytes each) through the warpgroup's
+    # staging buffer, a block of WIDTH columns at a time, into one whose warp stores four rows of 128 contiguous bytes,
+    # so that its stores coalesce. convert_layout would do the same through scratch memory of its own, which at
+    # BLOCK_M = 160 takes the shared memory of a fourth stage.
+    tma.store_wait(0)  # the last gradient block's store is done with the staging buffer
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     rows = WARPGROUP * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out_layout))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-    out = partials + (gl.program_id(1) * T + rows)[:, None] * H + cols[None, :]
-    partial = gl.convert_layout(acc.to(partials.dtype.element_ty), out_layout)
-    gl.store(out, partial, mask=(rows < T)[:, None] & (cols < H)[None, :])
-    tma.store_wait(0)
+    blocks = split_columns(acc.to(partials.dtype.element_ty), BLOCK_N // WIDTH)
+    for i in gl.static_range(BLOCK_N // WIDTH):
+        gl.thread_barrier()  # every warp has read the previous block out of the buffer
+        staging.store(blocks[i])
+        gl.thread_barrier()
+        cols = off_n + i * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, out_layout))
+        out = partials + (gl.program_id(1) * T + rows)[:, None] * H + cols[None, :]
+        gl.store(out, staging.load(out_layout), mask=(rows < T)[:, None] & (cols < H)[None, :])
 
 
 @gluon.jit(do_not_specialize=["T"])
@@ -178,14 +186,15 @@ def dx_grad_weight_ws_kernel(
         tail_bufs = gl.allocate_shared_memory(tail_desc.dtype, [STAGES, WGMMA_ROWS, tail_desc.block_type.shape[1]],
                                               tail_desc.layout)  # fmt: skip
         x_tail = gl.allocate_shared_memory(x_tail_desc.dtype, x_tail_desc.block_type.shape, x_tail_desc.layout)
+        staging_tail = gl.allocate_shared_memory(g1_desc.dtype, g1_desc.block_type.shape, g1_desc.layout)
         gl.warp_specialize(
             [
                 (_products, (a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, staging, g1_desc, g3_desc,
                              partials, T, H, F, K_PER_SPLIT, 0, TAIL, num_warps)),
                 (_products, (a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, staging_second, g1_desc,
                              g3_desc, partials, T, H, F, K_PER_SPLIT, 1, TAIL, 4)),
-                # dx's tail rows only: its staging buffer is unused
-                (_products, (a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, staging_second, g1_desc,
+                # dx's tail rows only: its staging buffer only takes its partial out
+                (_products, (a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, staging_tail, g1_desc,
                              g3_desc, partials, T, H, F, K_PER_SPLIT, 2, TAIL, 4)),
                 (_load_operands, (dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, a_bufs, tail_bufs, b_bufs,
                                   x_buf, x_tail, x_ready, ready, empty, F, K_PER_SPLIT, TAIL)),

@@ -356,10 +356,11 @@ PLANS: tuple[tuple[int, Plan], ...] = (
         dx=FusedDxGradW13(stages=4, split=2),
         schedule=Schedule(x16_at="after_gather", zeros_at="after_grad_w2", dh_behind_gather=True),
     )),
-    # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (3 stages: 4 exceed shared
-    # memory; the gradient's product over the tail is as long as the tail). Up to 160 dh with grad_w2, 32 tokens in
-    # their tail; above, dh in 128 x 256 tiles, two rows of them (three rows of 64 were slower), grad_w2 beside it.
-    (160, replace(_FUSED_PLAN, dh=replace(_FUSED_PLAN.dh, tail=True), dx=FusedDxGradW13(stages=3, split=2, block_m=160))),
+    # The same over 160 or 192 token rows, a third product warpgroup taking the tail past 128 (the gradient's product
+    # over the tail is as long as the tail; at 192 rows 4 stages exceed shared memory). Up to 160 dh with grad_w2, 32
+    # tokens in their tail; above, dh in 128 x 256 tiles, two rows of them (three rows of 64 were slower), grad_w2
+    # beside it.
+    (160, replace(_FUSED_PLAN, dh=replace(_FUSED_PLAN.dh, tail=True), dx=FusedDxGradW13(stages=4, split=2, block_m=160))),
     (192, Plan(
         dh=TritonDh(_DH_WIDE, gathers_rows=True, epilogue_split=4),
         grad_w2=GluonWeightGrad(),
