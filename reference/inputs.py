@@ -62,12 +62,9 @@ def fill_inputs(inputs: dict[str, torch.Tensor], dims: Dims, seed: int) -> dict[
     def normal(name: str, scale: float = 1.0) -> None:
         draw_normal(inputs[name], gen, scale)
 
-    # On a GPU the indices are drawn on the host and copied in (a copy from host memory that waits for nothing): a sort
-    # on the GPU slows some kernels of the next call by microseconds (triton_fused's at T = 129-160:
-    # docs/performance.md, v72), and no training step sorts right before an expert's backward.
-    index_gen = gen if device.type == "cpu" else torch.Generator().manual_seed(seed)
-    indices = torch.randperm(dims.batch_seq_len, generator=index_gen)[: dims.num_tokens].sort().values
-    inputs["token_indices"].copy_(indices, non_blocking=True)
+    inputs["token_indices"].copy_(
+        torch.randperm(dims.batch_seq_len, generator=gen, device=device)[: dims.num_tokens].sort().values
+    )
     normal("w1_output")
     normal("up_output")
     inputs["gate_output"].copy_(torch.nn.functional.silu(inputs["w1_output"].float()))
