@@ -21,12 +21,13 @@ difference relative to the largest magnitude, per output; a placement of stages 
 seconds of the plans timed in turn with the times discarded, every plan is timed REPS times, in alternating order, by
 the harness's CUDA-event timer (L2 flushed before each call, a GPU spin ahead of each batch, so the host's launch time
 stays outside the events; the input set drawn once, where `harness bench` redraws it before every call: bench reads 8-11
-us more at T = 129-160, most of it after the sort in its draw of token_indices (docs/performance.md, v72), the
-differences alike), with --latency by its call-latency timer (the device idle at each call's start, every call's tensors
-copied to addresses of their own, as `harness bench` times the headline), or with --sustained by its back-to-back timer
-(no pause between calls, the GPU at the clock its power limit allows, as in a training step); the printout gives each
-variant's difference from the plan round by round (`summary`). Each invocation appends a provenance header and then its
-rows to --out (JSON lines), so several invocations can share one file.
+us more at T = 129-160, most of it after GPU work bench runs between calls, its sort of the token indices and its NaN
+scan of the outputs (docs/performance.md, v72), the differences alike), with --latency by its call-latency timer (the
+device idle at each call's start, every call's tensors copied to addresses of their own, as `harness bench` times the
+headline), or with --sustained by its back-to-back timer (no pause between calls, the GPU at the clock its power limit
+allows, as in a training step); the printout gives each variant's difference from the plan round by round (`summary`).
+Each invocation appends a provenance header and then its rows to --out (JSON lines), so several invocations can share
+one file.
 """
 
 from __future__ import annotations
