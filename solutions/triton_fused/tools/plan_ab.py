@@ -20,14 +20,13 @@ between machines or processes do not enter. Each variant's outputs are compared 
 difference relative to the largest magnitude, per output; a placement of stages must give 0). Then, after --settle
 seconds of the plans timed in turn with the times discarded, every plan is timed REPS times, in alternating order, by
 the harness's CUDA-event timer (L2 flushed before each call, a GPU spin ahead of each batch, so the host's launch time
-stays outside the events; the input set drawn once, where `harness bench` redraws it before every call: bench reads 8-11
-us more at T = 129-160, most of it after GPU work bench runs between calls, its sort of the token indices and its NaN
-scan of the outputs (docs/performance.md, v72), the differences alike), with --latency by its call-latency timer (the
-device idle at each call's start, every call's tensors copied to addresses of their own, as `harness bench` times the
-headline), or with --sustained by its back-to-back timer (no pause between calls, the GPU at the clock its power limit
-allows, as in a training step); the printout gives each variant's difference from the plan round by round (`summary`).
-Each invocation appends a provenance header and then its rows to --out (JSON lines), so several invocations can share
-one file.
+stays outside the events; the input set drawn once), with --redraw by the same timer amid the work `harness bench` does
+around each call (the inputs redrawn before it, the outputs scanned after it: that work slows some calls, by 8-11 us at
+T = 129-160, docs/performance.md v72), with --latency by its call-latency timer (the device idle at each call's start,
+every call's tensors copied to addresses of their own, as `harness bench` times the headline), or with --sustained by
+its back-to-back timer (no pause between calls, the GPU at the clock its power limit allows, as in a training step); the
+printout gives each variant's difference from the plan round by round (`summary`). Each invocation appends a provenance
+header and then its rows to --out (JSON lines), so several invocations can share one file.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import argparse
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import statistics
 import sys
@@ -46,13 +46,15 @@ from typing import Any
 
 import torch
 
+from harness import guards
 from harness.provenance import collect, read_clocks
 from harness.registry import SOLUTIONS_DIR, get_solution
+from harness.reward_hacks import TimedCall, TimedOutputChecks
 from harness.runner import SUSTAINED_SETTLE_S, allocate_outputs
 from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device, time_sustained
 from harness.workloads import Workload, load_named_suite
-from reference import generate_inputs
-from reference.problem import INPUTS, OUTPUTS
+from reference import fill_inputs, generate_inputs
+from reference.problem import INPUTS, OUTPUTS, Dims
 
 TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
 # Seconds of the plans timed with the times discarded before a workload's first round (the settle): rounds timed
@@ -66,6 +68,25 @@ WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its c
 def gpu_time_us(fn, config: TimingConfig = TIMING) -> float:
     """Mean of the harness's CUDA-event timer over calls of fn on one input set."""
     return time_device(lambda _: fn(), lambda _: None, 1, torch.device("cuda"), config).mean_us
+
+
+def redrawn_time_us(
+    backward, arguments: list[torch.Tensor], dims: Dims, seeds: Iterator[int], config: TimingConfig = TIMING
+) -> float:
+    """Mean of the CUDA-event timer over calls of backward(*arguments) amid the work `harness bench` does around each
+    timed call: the inputs redrawn in place from the next seed and the outputs poisoned before it, the outputs scanned
+    for NaN (and a sample kept) after it. That work slows some calls after it (docs/performance.md, v72)."""
+    inputs = dict(zip((spec.name for spec in INPUTS), arguments[: len(INPUTS)]))
+    outputs = arguments[len(INPUTS) :]
+    checks = TimedOutputChecks()
+
+    def prepare(_: int) -> None:
+        seed = next(seeds)
+        fill_inputs(inputs, dims, seed)
+        guards.poison(outputs)
+        checks.current = TimedCall(inputs, seed, outputs=list(outputs))
+
+    return time_device(lambda _: backward(*arguments), prepare, 1, torch.device("cuda"), config, checks.after).mean_us
 
 
 def sustained_us(fn, device: str = "cuda", config: TimingConfig = TIMING) -> float:
@@ -259,8 +280,12 @@ def summary(index: int, tokens: int, times: dict[str, list[float]], hosts: dict[
     return lines
 
 
-def time_plan(args: argparse.Namespace, module: Any, plan: Any, arguments: list[torch.Tensor]) -> tuple[float, float | None]:
+def time_plan(
+    args: argparse.Namespace, module: Any, plan: Any, arguments: list[torch.Tensor], dims: Dims, seeds: Iterator[int]
+) -> tuple[float, float | None]:
     """One plan's time on these arguments by the timer the command line chose, and with --latency its host time (us)."""
+    if args.redraw:
+        return redrawn_time_us(functools.partial(module.backward, plan=plan), arguments, dims, seeds), None
     if args.latency:
         return latency_and_host_us(functools.partial(module.backward, plan=plan), arguments)
     if args.sustained:
@@ -275,10 +300,13 @@ def main() -> None:
     timers = parser.add_mutually_exclusive_group()
     timers.add_argument("--latency", action="store_true", help="time call latency at fresh addresses, not device time")
     timers.add_argument("--sustained", action="store_true", help="time calls back to back, never pausing")
+    timers.add_argument("--redraw", action="store_true",
+                        help="time device time amid bench's work around each call: inputs redrawn, outputs scanned")  # fmt: skip
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of discarded timings of the plans before each workload's first round")  # fmt: skip
     args = parser.parse_args()
 
+    timer = "call_latency" if args.latency else "sustained" if args.sustained else "redrawn" if args.redraw else "device"
     session = start_session(args)
     device = torch.device("cuda")
     for index, workload, arguments in workload_arguments(session.workloads, 0, device):
@@ -299,19 +327,20 @@ def main() -> None:
             print(f"#{index} T={dims.num_tokens} {name}: largest relative difference from the plan's outputs {differences}")
         times: dict[str, list[float]] = {name: [] for name in plans}
         hosts: dict[str, list[float]] = {name: [] for name in plans}
+        seeds = itertools.count(1)  # --redraw's input sets
         # The settle: the plans timed in turn by the chosen timer, the times discarded, for --settle seconds and a
         # round at least. Each timer holds the GPU at a clock of its own (calls back to back lower it under the power
         # limit, the device-time timer's pauses let it recover), and rounds timed before the clock gets there drift.
         settled = time.perf_counter() + args.settle
         while True:
             for solution, plan in plans.values():
-                time_plan(args, solution, plan, arguments)
+                time_plan(args, solution, plan, arguments, dims, seeds)
             if time.perf_counter() >= settled:
                 break
         with session.out.open("a") as handle:
             for rep in range(args.reps):
                 for name, (solution, plan) in list(plans.items())[:: 1 if rep % 2 == 0 else -1]:
-                    us, host_us = time_plan(args, solution, plan, arguments)
+                    us, host_us = time_plan(args, solution, plan, arguments, dims, seeds)
                     times[name].append(us)
                     if host_us is not None:
                         hosts[name].append(host_us)
@@ -321,7 +350,7 @@ def main() -> None:
                         "T": dims.num_tokens,
                         "variant": name,
                         "rep": rep,
-                        "timer": "call_latency" if args.latency else "sustained" if args.sustained else "device",
+                        "timer": timer,
                         "us": us,
                     } | ({"host_us": host_us} if host_us is not None else {})
                     handle.write(json.dumps(row) + "\n")
