@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import itertools
 import os
 import shutil
 import subprocess
@@ -96,6 +97,29 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     addresses = [address for call in seen for address in call]
     assert len(seen) == 5 and len(set(addresses)) == len(addresses)
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
+
+
+def test_plan_ab_redraws_and_scans_around_each_call_as_bench_does() -> None:
+    """tools/plan_ab.py --redraw: before every call its inputs are drawn anew in place and its outputs poisoned, and after
+    it the outputs are scanned, as bench's device-time timing does."""
+    plan_ab = plan_ab_tool()
+    dims = Dims(batch_seq_len=40, num_tokens=9, hidden_dim=16, ffn_dim=24)
+    inputs = generate_inputs(dims, 0)
+    outputs = [torch.zeros(spec.concrete_shape(dims), dtype=spec.dtype) for spec in OUTPUTS]
+    arguments = [inputs[spec.name] for spec in INPUTS] + outputs
+    weight = [spec.name for spec in INPUTS].index("w1_weight")
+    seen: list[torch.Tensor] = []
+
+    def backward(*tensors: torch.Tensor) -> None:
+        assert all(a.data_ptr() == b.data_ptr() for a, b in zip(tensors, arguments))  # drawn in place
+        assert all(bool(out.isnan().all()) for out in tensors[len(INPUTS) :])  # poisoned
+        seen.append(tensors[weight].clone())
+        for out in tensors[len(INPUTS) :]:
+            out.zero_()
+
+    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
+    assert plan_ab.redrawn_time_us(backward, arguments, dims, itertools.count(1), config) > 0
+    assert len(seen) == 5 and all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))
 
 
 def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:

@@ -86,7 +86,7 @@ def redrawn_time_us(
         guards.poison(outputs)
         checks.current = TimedCall(inputs, seed, outputs=list(outputs))
 
-    return time_device(lambda _: backward(*arguments), prepare, 1, torch.device("cuda"), config, checks.after).mean_us
+    return time_device(lambda _: backward(*arguments), prepare, 1, arguments[0].device, config, checks.after).mean_us
 
 
 def sustained_us(fn, device: str = "cuda", config: TimingConfig = TIMING) -> float:
