@@ -99,9 +99,9 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     assert not {tensor.data_ptr() for tensor in tensors} & set(addresses)
 
 
-def test_plan_ab_redraws_and_scans_around_each_call_as_bench_does() -> None:
-    """tools/plan_ab.py --redraw: before every call its inputs are drawn anew in place and its outputs poisoned, and after
-    it the outputs are scanned, as bench's device-time timing does."""
+def test_plan_ab_redraws_and_poisons_before_each_call_as_bench_does() -> None:
+    """tools/plan_ab.py --redraw: before every call its inputs are drawn anew in place and its outputs poisoned, as
+    bench's device-time timing does."""
     plan_ab = plan_ab_tool()
     dims = Dims(batch_seq_len=40, num_tokens=9, hidden_dim=16, ffn_dim=24)
     inputs = generate_inputs(dims, 0)
