@@ -21,10 +21,10 @@ difference relative to the largest magnitude, per output; a placement of stages 
 seconds of the plans timed in turn with the times discarded, every plan is timed REPS times, in alternating order, by
 the harness's CUDA-event timer (L2 flushed before each call, a GPU spin ahead of each batch, so the host's launch time
 stays outside the events; the input set drawn once), with --redraw by the same timer amid the work `harness bench` does
-around each call (the inputs redrawn before it, the outputs scanned after it: that work slows some calls, by 8-11 us at
-T = 129-160, docs/performance.md v72), with --latency by its call-latency timer (the device idle at each call's start,
-every call's tensors copied to addresses of their own, as `harness bench` times the headline), or with --sustained by
-its back-to-back timer (no pause between calls, the GPU at the clock its power limit allows, as in a training step); the
+around each call (the inputs redrawn before it, the outputs scanned after it: that work slows some calls,
+docs/performance.md v72), with --latency by its call-latency timer (the device idle at each call's start, every call's
+tensors copied to addresses of their own, as `harness bench` times the headline), or with --sustained by its
+back-to-back timer (no pause between calls, the GPU at the clock its power limit allows, as in a training step); the
 printout gives each variant's difference from the plan round by round (`summary`). Each invocation appends a provenance
 header and then its rows to --out (JSON lines), so several invocations can share one file.
 """
