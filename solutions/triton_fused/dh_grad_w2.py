@@ -24,8 +24,8 @@ tokens, stored at once. Each byte of w2 is read once and g, read by both, once p
   grad_w2's warpgroup has read its last operands, the tail's into the staging buffers once grad_w2's last store has left
   them; dh^T in fp32, stored transposed as [tokens, 128] in the g stages (head) and the tail stages. Then, piece by
   piece as its blocks arrive, they scale its rows by the routing weights, compute d_a and d_up in [rows, 32] pieces in
-  fp32 and store them into dd (fp16) with plain stores, every row: the padding rows as zeros (g's padding rows are zero,
-  and TMA zero-fills the activations past row T), because dx with grad_w1/grad_w3 reads them.
+  fp32 and store them into dd (fp16) with plain stores marked to stay in L2, every row: the padding rows as zeros (g's
+  padding rows are zero, and TMA zero-fills the activations past row T), because dx with grad_w1/grad_w3 reads them.
 
 Precision: dh reaches the SwiGLU backward in fp32, never rounded, so d_a and d_up are Triton's dh kernel's up to the
 order of the fp32 sums; grad_w2 from g and bf16(w * gated), where the separate weight gradient reads bf16(w * g) and
@@ -160,8 +160,10 @@ def _store_rows(dh_t, a_bufs, A0: gl.constexpr, up_bufs, U0: gl.constexpr, gate_
         cols = col0 + p * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
         out = rows[:, None] * (2 * F) + cols[None, :]
         mask = (rows < ROWS)[:, None] & (cols < F)[None, :]
-        gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask)
-        gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask)
+        # Kept in L2 (evict_last): dx with grad_w1/grad_w3 reads dd right after this kernel, once per block of its
+        # columns, while it streams w1, w3 and their gradients (about 470 MB) through the cache.
+        gl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=mask, eviction_policy="evict_last")
+        gl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=mask, eviction_policy="evict_last")
 
 
 @gluon.jit
