@@ -151,11 +151,14 @@ def test_plan_ab_runs_another_trees_solution_beside_this_one(interpreted, tmp_pa
     plan_ab = plan_ab_tool()
     with pytest.raises(SystemExit, match="no solutions/triton_fused there"):
         plan_ab.load_other_tree(str(tmp_path))
-    shutil.copytree(Path(interpreted.__file__).parent, tmp_path / "solutions" / "triton_fused",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for root in (tmp_path, tmp_path / "second"):
+        shutil.copytree(Path(interpreted.__file__).parent, root / "solutions" / "triton_fused",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     other = plan_ab.load_other_tree(str(tmp_path))
+    second = plan_ab.load_other_tree(str(tmp_path / "second"))  # --against twice: the first tree's modules stay its own
     this = solution_module()
     assert Path(other.__file__).is_relative_to(tmp_path) and not Path(this.__file__).is_relative_to(tmp_path)
+    assert Path(second.__file__).is_relative_to(tmp_path / "second") and other is not second
     dims = Dims(50, 33, 64, 80)
     plans = plan_ab.variant_plans(other, dims, {"one stream": "replace(plan, schedule=Schedule(side_stream=False))"})
     other_schedule, this_schedule = (type(m.plan_for(33).schedule) for m in (other, this))
@@ -225,7 +228,7 @@ def test_plan_ab_draws_each_workloads_arguments_then_frees_them() -> None:
 
 def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted, tmp_path: Path) -> None:
     """The profiling tools' loop (timeline.py, ncu_call.py): every variant of every workload's bucket plan, and with
-    --against the other tree's bucket plan, each handed over with the module that runs it once it has made
+    --against each other tree's bucket plan, each handed over with the module that runs it once it has made
     WARMUP_CALLS calls on that workload's own arguments."""
     plan_ab = plan_ab_tool()
     calls = []
@@ -234,20 +237,31 @@ def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted, t
         return SimpleNamespace(__package__=interpreted.__package__, plan_for=interpreted.plan_for,
                                backward=lambda *arguments, plan: calls.append((tree, arguments, plan)))  # fmt: skip
 
-    this, other = fake("this"), fake("other")
+    this = fake("this")
+    others = {name: fake(name) for name in plan_ab.against_names(["trees/v1", "trees/v2"])}
     workloads = list(enumerate(load_named_suite("smoke").workloads))[1:3]
     variants = dict([plan_ab.parse_variant("one stream: plan.on_one_stream()")])
-    session = plan_ab.Session(this, other, variants, workloads, tmp_path / "log.jsonl")
+    session = plan_ab.Session(this, others, variants, workloads, tmp_path / "log.jsonl")
     yielded = []
     for index, workload, arguments, name, solution, plan in plan_ab.warmed_variants(session, 3, torch.device("cpu")):
         assert len(calls) == plan_ab.WARMUP_CALLS
-        tree = "other" if name == plan_ab.AGAINST else "this"
+        tree = name if name in others else "this"
         assert all(t == tree and a == tuple(arguments) and p is plan for t, a, p in calls)
-        assert solution is (other if tree == "other" else this)
+        assert solution is others.get(name, this)
         calls.clear()
         yielded.append((index, name, plan.schedule.side_stream))
-    expected = (("plan", True), ("one stream", False), (plan_ab.AGAINST, True))
+    expected = (("plan", True), ("one stream", False), ("against:v1", True), ("against:v2", True))
     assert yielded == [(i, n, s) for i, _ in workloads for n, s in expected]
+
+
+def test_against_trees_are_named_apart() -> None:
+    """One --against tree is the variant 'against'; several are 'against:NAME' by their roots' folder names, and two
+    roots of one folder name are refused rather than logged under one name."""
+    plan_ab = plan_ab_tool()
+    assert plan_ab.against_names(["../main-old"]) == [plan_ab.AGAINST]
+    assert plan_ab.against_names(["a/v1", "b/v2/"]) == ["against:v1", "against:v2"]
+    with pytest.raises(SystemExit, match="two roots of one folder name"):
+        plan_ab.against_names(["a/tree", "b/tree"])
 
 
 def cuda_outputs(dims: Dims) -> dict[str, torch.Tensor]:

@@ -6,10 +6,11 @@
 --suite edges takes the workloads of workloads/edges.yaml instead (both sides of every T bucket). --against ROOT times
 another checkout's triton_fused (a commit's `git archive` unpacked at ROOT, say) beside this one's, in this process, as
 the variant 'against' with its own bucket plan: a change no plan expresses (launcher code, a kernel's body) compared
-without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). A tree's own
-side stream moved its device time by more than the changes this compares (docs/performance.md, v66), so the other
-tree's calls run on this tree's side stream and intermediate buffers (share_stream_state), where it keeps them as
-this one does.
+without two processes, whose hosts can differ by tens of microseconds per call (docs/performance.md, v65). Repeated, it
+times several trees in the one process, each as 'against:NAME' by its root's folder name, in the same rounds as the
+plan and one settle. A tree's own side stream moved its device time by more than the changes this compares
+(docs/performance.md, v66), so the other trees' calls run on this tree's side stream and intermediate buffers
+(share_stream_state), where they keep them as this one does.
 
 A variant is `name: expression`, a Python expression that gives a Plan, over `plan` (the workload's bucket plan), `T`
 and `B` (the workload's tokens and rows), `replace` (dataclasses.replace) and the names of the solution's plan.py, as in
@@ -61,7 +62,7 @@ TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_s
 # before the GPU's clock settles where the timer holds it favour the plan timed first, or the one timed second
 # (docs/performance.md, "Tried").
 SETTLE_SECONDS = 3.0
-AGAINST = "against"  # the variant name of --against's tree
+AGAINST = "against"  # the variant name of --against's tree (with several: AGAINST:NAME, against_names)
 WARMUP_CALLS = 3  # calls of a plan before the profiling tools profile it: its compiles, its call context's recording
 
 
@@ -151,6 +152,17 @@ def solution_module(solutions: Path = SOLUTIONS_DIR) -> Any:
     return sys.modules[run.__module__]
 
 
+def against_names(roots: list[str]) -> list[str]:
+    """The variant names of --against's trees, in order: AGAINST for one tree, AGAINST:NAME by each root's folder name
+    for several (two folders of one name are refused: their rows could not be told apart)."""
+    if len(roots) == 1:
+        return [AGAINST]
+    names = [f"{AGAINST}:{Path(root).resolve().name}" for root in roots]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--against {' '.join(roots)}: two roots of one folder name; name their folders apart")
+    return names
+
+
 def load_other_tree(root: str) -> Any:
     """triton_fused's solution module from another checkout of the repository at `root` (solution_module), to be timed
     beside this tree's, which main loads after it."""
@@ -183,39 +195,41 @@ def add_shared_arguments(parser: argparse.ArgumentParser, out: str) -> None:
         default=[],
         help="'name: expression' (repeatable; none: the bucket's plan alone)",
     )
-    parser.add_argument("--against", metavar="ROOT", help="another checkout's root: its triton_fused, as 'against'")
+    parser.add_argument("--against", metavar="ROOT", action="append", default=[],
+                        help="another checkout's root: its triton_fused, as 'against' (repeatable: 'against:NAME')")  # fmt: skip
     parser.add_argument("--out", default=out, help="JSON lines log, appended to")
 
 
 @dataclasses.dataclass
 class Session:
-    """What one invocation of a tool works on: this tree's solution module, --against's (or None), the variants by
-    name, the chosen (index, workload) pairs and the log file."""
+    """What one invocation of a tool works on: this tree's solution module, --against's by variant name (none without
+    it), the variants by name, the chosen (index, workload) pairs and the log file."""
 
     module: Any
-    other: Any | None
+    others: dict[str, Any]
     variants: dict[str, str]
     workloads: list[tuple[int, Workload]]
     out: Path
 
     def plans(self, dims) -> dict[str, tuple[Any, Any]]:
         """(solution module, plan) by name: the workload's bucket plan and each variant of it (variant_plans), and with
-        --against the other tree's bucket plan, as AGAINST."""
+        --against each other tree's bucket plan, under its name (against_names)."""
         plans = {name: (self.module, plan) for name, plan in variant_plans(self.module, dims, self.variants).items()}
-        if self.other is not None:
-            plans[AGAINST] = self.other, self.other.plan_for(dims.num_tokens)
+        for name, other in self.others.items():
+            plans[name] = other, other.plan_for(dims.num_tokens)
         return plans
 
 
 def start_session(args: argparse.Namespace) -> Session:
-    """The invocation's Session; its provenance header (and --against's tree) appended to the log file, which several
-    invocations may share. The other tree is loaded first and runs on this tree's side stream and buffers
+    """The invocation's Session; its provenance header (and a line per --against tree) appended to the log file, which
+    several invocations may share. The other trees are loaded first and run on this tree's side stream and buffers
     (share_stream_state)."""
-    other = load_other_tree(args.against) if args.against else None
+    roots = dict(zip(against_names(args.against), args.against))
+    others = {name: load_other_tree(root) for name, root in roots.items()}
     module = solution_module()
     variants = dict(parse_variant(text) for text in args.variant)
-    if other is not None and AGAINST in variants:
-        raise SystemExit(f"variant {AGAINST!r}: the name of --against's tree; name the variant otherwise")
+    if clash := sorted(set(others) & set(variants)):
+        raise SystemExit(f"variant {clash[0]!r}: the name of an --against tree; name the variant otherwise")
     workloads = list(enumerate(load_named_suite(args.suite).workloads))
     if args.workloads:
         try:
@@ -226,13 +240,13 @@ def start_session(args: argparse.Namespace) -> Session:
     device = torch.device("cuda")
     with out.open("a") as handle:
         handle.write(json.dumps(collect(device, read_clocks(device)).model_dump(mode="json")) + "\n")
-    if other is not None:
+    for name, other in others.items():
         shared = share_stream_state(other, module)
         if not shared:
-            print(f"--against {args.against}: its tree keeps its side stream and buffers otherwise; differences include theirs")
+            print(f"--against {roots[name]}: its tree keeps its side stream and buffers otherwise; differences include theirs")
         with out.open("a") as handle:
-            handle.write(json.dumps({AGAINST: str(Path(args.against).resolve()), "shared_stream_state": shared}) + "\n")
-    return Session(module, other, variants, workloads, out)
+            handle.write(json.dumps({name: str(Path(roots[name]).resolve()), "shared_stream_state": shared}) + "\n")
+    return Session(module, others, variants, workloads, out)
 
 
 def workload_arguments(
