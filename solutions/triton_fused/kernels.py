@@ -143,17 +143,21 @@ def routing_x16_kernel(
 
 @triton.jit
 def _swiglu_backward_store(
-    dh, off_m, off_n, T, F, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low,
+    dh, off_m, off_n, T, F, w1_output, up_output, gate_output, dd, dd_low,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LOW_COPY: tl.constexpr, FAST_MATH: tl.constexpr,
 ):  # fmt: skip
     """d_a = dh * up * silu'(a) (from w1_output, not gate_output) and d_up = dh * gate, in fp32; each is
-    stored in fp16 (d_a, d_up) and, with LOW_COPY, again in bf16 (d_a_low, d_up_low). With FAST_MATH (on a GPU;
+    stored into dd = [d_a | d_up] (fp16) and, with LOW_COPY, again into dd_low (bf16). With FAST_MATH (on a GPU;
     Triton's CPU interpreter runs no PTX) silu's exp and reciprocal are PTX's flush-to-zero forms, which carry none of
     the range fix-ups tl.sigmoid's do: they differ only where exp(-a) leaves fp32's normal range, far past what the
     fp16 and bf16 outputs resolve.
 
     The activations come through plain loads straight into registers: staged through shared memory by TMA,
-    their three tiles would crowd out the pipeline buffers.
+    their three tiles would crowd out the pipeline buffers. The outputs leave by plain stores too, from the same
+    coalesced layout: stores by TMA, staged in shared memory, took longer. Every row of the tile is stored, those past
+    T as zeros (their activations load as zeros), because the weight gradients and dx read dd's padding rows. The
+    stores ask L2 to keep dd (evict_last): the weight gradients and dx read it right after, while the weights stream
+    through L2 past it.
     """
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
@@ -171,11 +175,13 @@ def _swiglu_backward_store(
         s = tl.sigmoid(a)
     grad_a = dh * up * s * (1.0 + a * (1.0 - s))
     grad_up = dh * gate
-    d_a.store([off_m, off_n], grad_a.to(d_a.dtype))
-    d_up.store([off_m, off_n], grad_up.to(d_up.dtype))
+    out = rows[:, None] * (2 * F) + cols[None, :]
+    in_f = (cols < F)[None, :]
+    tl.store(dd + out, grad_a.to(dd.dtype.element_ty), mask=in_f, eviction_policy="evict_last")
+    tl.store(dd + out + F, grad_up.to(dd.dtype.element_ty), mask=in_f, eviction_policy="evict_last")
     if LOW_COPY:
-        d_a_low.store([off_m, off_n], grad_a.to(d_a_low.dtype))
-        d_up_low.store([off_m, off_n], grad_up.to(d_up_low.dtype))
+        tl.store(dd_low + out, grad_a.to(dd_low.dtype.element_ty), mask=in_f, eviction_policy="evict_last")
+        tl.store(dd_low + out + F, grad_up.to(dd_low.dtype.element_ty), mask=in_f, eviction_policy="evict_last")
 
 
 @triton.jit
@@ -186,7 +192,7 @@ def _halves(x, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T"])
 def dh_swiglu_kernel(
-    g, token_indices, w2, w1_output, up_output, gate_output, d_a, d_up, d_a_low, d_up_low, selected_weights,
+    g, token_indices, w2, w1_output, up_output, gate_output, dd, dd_low, selected_weights,
     T, H, F,
     BLOCK_M: tl.constexpr,  # tokens per tile
     BLOCK_N: tl.constexpr,  # ffn columns per tile
@@ -203,16 +209,15 @@ def dh_swiglu_kernel(
     token_indices[off_m:off_m + BLOCK_M] with pointer loads (cp.async, pipelined like the TMA loads), so that no
     gather kernel stands between the call's start and dh: that saves the gather at small T, but the loop runs slower
     than with both operands by TMA, the more so the larger T. The (T, F) activations are
-    pointers. The outputs are four (T, F) descriptors with blocks [BLOCK_M, BLOCK_N / EPILOGUE_SPLIT]: d_a and
-    d_up in fp16 (the two halves of dd = [d_a | d_up], T x 2F; separate descriptors, so a tile past column F is
-    clipped there rather than spilling into the other half) and, with LOW_COPY, the same values in bf16 for
-    Triton's dx.
+    pointers, and so are the outputs, (rows, 2F) with rows padded past T: dd = [d_a | d_up] in fp16 and, with
+    LOW_COPY, dd_low, the same values in bf16 for Triton's dx. A tile's columns past F are masked, not stored into
+    the other half.
 
     One program per tile, numbered token-tile fastest, so the programs that read one column block of w2 run together
     and each byte of w2 comes from HBM once. No loop over tiles: inside one, even one that runs once per program,
     Triton compiles a slower main loop (docs/performance.md, v69). Three fp32 activation tiles beside the
-    accumulator overflow the registers, and each store stages its tile in shared memory, so the epilogue can run on
-    column halves or quarters (EPILOGUE_SPLIT = 2 or 4).
+    accumulator overflow the registers, so the epilogue can run on column halves or quarters (EPILOGUE_SPLIT = 2 or
+    4).
     """
     num_m = tl.cdiv(T, BLOCK_M)
     tile = tl.program_id(0)
@@ -236,14 +241,14 @@ def dh_swiglu_kernel(
     # fmt: off
     if EPILOGUE_SPLIT == 1:
         _swiglu_backward_store(dh, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, BLOCK_N, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, BLOCK_N, LOW_COPY, FAST_MATH)
     elif EPILOGUE_SPLIT == 2:
         half: tl.constexpr = BLOCK_N // 2
         left, right = _halves(dh, BLOCK_M, BLOCK_N)
         _swiglu_backward_store(left, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, half, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(right, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, half, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, half, LOW_COPY, FAST_MATH)
     else:
         half: tl.constexpr = BLOCK_N // 2
         quarter: tl.constexpr = BLOCK_N // 4
@@ -251,13 +256,13 @@ def dh_swiglu_kernel(
         q0, q1 = _halves(left, BLOCK_M, half)
         q2, q3 = _halves(right, BLOCK_M, half)
         _swiglu_backward_store(q0, off_m, off_n, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(q1, off_m, off_n + quarter, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(q2, off_m, off_n + half, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
         _swiglu_backward_store(q3, off_m, off_n + 3 * quarter, T, F, w1_output, up_output, gate_output,
-                               d_a, d_up, d_a_low, d_up_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
+                               dd, dd_low, BLOCK_M, quarter, LOW_COPY, FAST_MATH)
     # fmt: on
 
 

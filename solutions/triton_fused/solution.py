@@ -306,13 +306,10 @@ def dh_swiglu(p: Problem, w: TritonDh) -> None:
     grad_output that token_indices selects."""
     i, t, gathered = p.inputs, w.tile, not w.gathers_rows
     g = p.descriptor(p.g, [t.block_m, t.block_k]) if gathered else i["grad_output"]
-    block = [t.block_m, t.block_n // w.epilogue_split]
-    outputs = [p.descriptor(half, block) for half in p.halves(p.dd)]
-    outputs += [p.descriptor(half, block) for half in p.halves(p.dd_low)] if p.low_copy else [None, None]
     tiles = triton.cdiv(p.tokens, t.block_m) * triton.cdiv(p.ffn, t.block_n)
     p.launch(dh_swiglu_kernel, (tiles,),
         g, i["token_indices"], p.descriptor(i["w2_weight"], [t.block_k, t.block_n]),
-        i["w1_output"], i["up_output"], i["gate_output"], *outputs, i["selected_weights"], p.tokens, p.hidden, p.ffn,
+        i["w1_output"], i["up_output"], i["gate_output"], p.dd, p.dd_low, i["selected_weights"], p.tokens, p.hidden, p.ffn,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, EPILOGUE_SPLIT=w.epilogue_split,
         GATHERED=gathered, LOW_COPY=p.low_copy, FAST_MATH=p.device.type == "cuda", num_warps=t.num_warps,
         num_stages=t.num_stages,
