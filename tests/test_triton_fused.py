@@ -182,16 +182,18 @@ def run_compile_sm90(tokens: str, interpret: str) -> subprocess.CompletedProcess
 
 
 def test_compile_sm90_compiles_triton_kernels_for_the_h200_without_a_gpu() -> None:
-    """tools/compile_sm90.py compiles every launch of the call at T = 64 for sm_90 on this machine (Triton's kernels
-    only: the Gluon ones need the device's Triton), within an SM's shared memory, and refuses to run under the CPU
-    interpreter, which compiles nothing."""
+    """tools/compile_sm90.py compiles every launch of the call at T = 64 for sm_90 on this machine, within an SM's
+    shared memory (the Gluon dx listed, compiled only under the device's Triton, whose Gluon API it is written for),
+    and refuses to run under the CPU interpreter, which compiles nothing."""
     result = run_compile_sm90("64", "0")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("T =")]
     kernels = [row[3] for row in rows]
-    assert {"gather_kernel", "dh_swiglu_kernel", "weight_grad_kernel", "dx_kernel", "scatter_kernel"} <= set(kernels)
-    assert kernels.count("dx_kernel") == 2  # its two halves, one on each stream
-    assert all(0 <= int(row[5]) <= 227 * 1024 for row in rows), result.stdout
+    assert {"gather_kernel", "dh_swiglu_kernel", "weight_grad_kernel", "dx_ws_kernel", "scatter_kernel"} <= set(kernels)
+    assert kernels.count("dx_ws_kernel") == 1  # CPU tensors have no side stream: one launch over both halves
+    compiled = [row for row in rows if row[5] != "compiled:"]
+    assert {row[3] for row in compiled} >= {"gather_kernel", "dh_swiglu_kernel", "weight_grad_kernel", "scatter_kernel"}
+    assert all(0 <= int(row[5]) <= 227 * 1024 for row in compiled), result.stdout
     refused = run_compile_sm90("64", "1")
     assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
 
@@ -728,7 +730,10 @@ def test_the_bf16_copy_of_dd_exists_where_dx_reads_it() -> None:
     assert isinstance(gluon_dx.dx, types.GluonDx) and not gluon_dx.low_copy
     assert not dataclasses.replace(gluon_dx, dh=gluon_dh).low_copy
     assert not module.plan_for(160).low_copy and not module.plan_for(192).low_copy  # the fused dx over 160, 192 rows
-    assert module.plan_for(64).low_copy and module.plan_for(2048).low_copy  # Triton's dx, after either dh
+    small = module.plan_for(64)  # the Gluon dx after Triton's dh
+    assert isinstance(small.dx, types.GluonDx) and not small.low_copy
+    triton_dx = types.TritonDx(tile=small.dx.tile, split=small.dx.split)
+    assert dataclasses.replace(small, dx=triton_dx).low_copy and module.plan_for(2048).low_copy  # after either dh
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
 """dx = [d_a | d_up] @ [w1; w3] as a warp-specialised Gluon kernel (Hopper) that reads dd in fp16 (the plans use it at
-192 < T <= 1024).
+T <= 64 and 192 < T <= 1024).
 
 Triton's `dx_kernel` (kernels.py) needs a bf16 copy of dd, which the dh epilogue writes beside the fp16 dd that the
 weight gradients read: two more (T, F) stores per tile. Converting the fp16 tile to bf16 in registers before
@@ -9,9 +9,9 @@ conversion itself and feeds the tensor cores from registers (wgmma with A in reg
 - one loader warp streams the K steps' blocks by TMA into a ring of STAGES shared-memory stages: dd[rows, k] (fp16,
   one (ROWS, 2F) descriptor, so K runs over all 2F columns) and the matching weight block, w1[k] for k < F and
   w3[k - F] after, so dx is one GEMM of K = 2F over both weights without concatenating them;
-- the default partition (num_warps warps: 8 for a 128 x 256 tile, two warpgroups of 64 x 256 wgmma) loads each dd
-  block from shared memory into registers, rounds it to bf16 and issues its wgmma, with one wgmma in flight while
-  the next is issued.
+- the default partition (num_warps warps: 8 for a 128 x 256 tile, two warpgroups of 64 x 256 wgmma; 4, one
+  warpgroup, for a 64 x 256 tile) loads each dd block from shared memory into registers, rounds it to bf16 and issues
+  its wgmma, with one wgmma in flight while the next is issued.
 
 A wgmma reads its A registers until it completes, and a loop rewrites the same registers on every pass: with one
 register set for A, a step's load overwrote the registers that the previous step's wgmma, still in flight, was

@@ -26,11 +26,12 @@ and beside them, on a second stream (the launcher orders the two with events):
 - `routing_x16_kernel`      x16 = fp16(x) for grad_w1/grad_w3, and the per-chunk partial sums of
                             grad_routing_t = sum_h g*e (fp32)
 - `weight_grad_kernel`      again, for grad_w2 = ge^T @ gated (the Gluon kernel from T = 65)
-- `dx_kernel`               twice, into split-K partials: d_a @ w1 and d_up @ w3 (dx is their sum); from
-                            T = 1025 once over both, into the selected rows of grad_hidden_states (TO_ROWS); at
-                            64 < T <= 192 the fused Gluon kernel above, on the caller's stream, and at
-                            192 < T <= 1024 dx_warp_specialized.py's Gluon kernel (over the fp16 dd), one launch
-                            over both
+- `dx_kernel`               from T = 1025, once over both halves of K (d_a @ w1 and d_up @ w3) into the selected
+                            rows of grad_hidden_states (TO_ROWS); it can also run once per half, into split-K
+                            partials that the scatter sums. At T <= 64 dx_warp_specialized.py's Gluon kernel
+                            (over the fp16 dd) takes its place, once per half into split-K partials, the w3
+                            half on the caller's stream; at 64 < T <= 192 the fused Gluon kernel above, on the
+                            caller's stream, and at 192 < T <= 1024 the Gluon kernel again, one launch over both
 
 The GEMM operands move by TMA, both of them into shared memory and from there to the tensor cores: the
 launcher passes host tensor descriptors (16-byte aligned bases and row strides, contiguous rows), whose

@@ -334,16 +334,18 @@ _GLUON_DX_INTO_ROWS = GluonDx(tile=_DX_WIDE, split=1, to_rows=True)
 
 # (largest T of the bucket, plan); the last bucket takes every larger T.
 PLANS: tuple[tuple[int, Plan], ...] = (
-    # Memory-bound: Triton's kernels throughout; dx's w3 half behind dh, its w1 half and scatter beside grad_w1/grad_w3.
-    # dh streams w2 with 6 stages in flight per program: deeper pipelines read it faster, until its 224 programs no
-    # longer fit on the SMs at once. Its loads wait on memory with few warps to issue from: 8 warps per tile issue more.
+    # Memory-bound: Triton's dh and weight gradients; dx's w3 half behind dh, its w1 half and scatter beside
+    # grad_w1/grad_w3. dh streams w2 with 6 stages in flight per program: deeper pipelines read it faster, until its 224
+    # programs no longer fit on the SMs at once. Its loads wait on memory with few warps to issue from: 8 warps per tile
+    # issue more. dx is the Gluon kernel over the fp16 dd, one warpgroup per 64 x 256 tile, 5 stages: dh writes no bf16
+    # copy of dd.
     (64, Plan(
         dh=TritonDh(Tile(block_m=64, block_n=64, block_k=64, num_warps=8, num_stages=6), gathers_rows=True),
         grad_w2=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
                                  programs_per_sm=1, flatten=True),
         grad_w13=TritonWeightGrad(Tile(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=2),
                                   programs_per_sm=2, flatten=True),
-        dx=TritonDx(tile=Tile(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4), split=4),
+        dx=GluonDx(tile=Tile(block_m=64, block_n=256, block_k=64, num_warps=4, num_stages=5), split=4),
         schedule=Schedule(dx_on_side=(True, False), scatter_at="side"),
     )),
     # One pass over w1 and w3 for dx and their gradients, and over w2 for dh and grad_w2: each weight read once and its
