@@ -379,10 +379,7 @@ class Bench:
         last: list[TimedCall | None] = [None] * len(pool)
 
         def prepare(k: int) -> None:
-            seed = next(seeds)
-            fill_inputs(pool[k], dims, seed)
-            guards.poison(output_pool[k])
-            checks.current = last[k] = TimedCall(pool[k], seed)
+            checks.current = last[k] = redraw_in_place(pool[k], output_pool[k], dims, next(seeds))
 
         def timed_call(k: int) -> None:
             last[k].outputs = call(pool[k], output_pool[k])
@@ -551,15 +548,21 @@ class Bench:
         )
 
 
+def redraw_in_place(inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], dims: Dims, seed: int) -> TimedCall:
+    """What bench does before each timed call on one input set: the inputs drawn anew in place from `seed`, the outputs
+    poisoned; the call's TimedCall, whose outputs are set once it has run."""
+    fill_inputs(inputs, dims, seed)
+    guards.poison(outputs)
+    return TimedCall(inputs, seed)
+
+
 def _redrawn_in_place(
     inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], dims: Dims, seeds: Iterator[int]
 ) -> Callable[[int], None]:
-    """A timer's `prepare` for calls on one input set: the inputs redrawn in place from the next seed, the outputs
-    poisoned."""
+    """A timer's `prepare` for calls on one input set: redraw_in_place from the next seed."""
 
     def prepare(i: int) -> None:
-        fill_inputs(inputs, dims, next(seeds))
-        guards.poison(outputs)
+        redraw_in_place(inputs, outputs, dims, next(seeds))
 
     return prepare
 

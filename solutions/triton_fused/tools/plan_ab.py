@@ -47,14 +47,13 @@ from typing import Any
 
 import torch
 
-from harness import guards
 from harness.provenance import collect, read_clocks
 from harness.registry import SOLUTIONS_DIR, get_solution
-from harness.reward_hacks import TimedCall, TimedOutputChecks
-from harness.runner import SUSTAINED_SETTLE_S, allocate_outputs
+from harness.reward_hacks import TimedOutputChecks
+from harness.runner import SUSTAINED_SETTLE_S, allocate_outputs, redraw_in_place
 from harness.timing import FreshAddresses, TimingConfig, time_call_latency, time_device, time_sustained
 from harness.workloads import Workload, load_named_suite
-from reference import fill_inputs, generate_inputs
+from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS, Dims
 
 TIMING = TimingConfig(min_calls=20, max_calls=60, target_rel_stderr=0.005, max_seconds=2.0)
@@ -82,10 +81,8 @@ def redrawn_time_us(
     checks = TimedOutputChecks()
 
     def prepare(_: int) -> None:
-        seed = next(seeds)
-        fill_inputs(inputs, dims, seed)
-        guards.poison(outputs)
-        checks.current = TimedCall(inputs, seed, outputs=list(outputs))
+        checks.current = redraw_in_place(inputs, outputs, dims, next(seeds))
+        checks.current.outputs = list(outputs)  # backward writes into them
 
     return time_device(lambda _: backward(*arguments), prepare, 1, arguments[0].device, config, checks.after).mean_us
 
