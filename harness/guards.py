@@ -5,7 +5,8 @@
   copy is stronger than a checksum and the inputs are at most a few hundred MB.)
 - An output that shares memory with an input fails.
 - Process-wide numeric settings (TF32 flags, default dtype, ...) are recorded before and compared
-  after: a solution that passes only by changing them (and thereby the reference) is caught.
+  after: a solution that passes only by changing them (and thereby the reference) is caught. The global RNGs are
+  not among them: the harness draws every input from generators of its own, so their state decides nothing.
 - Timing, synchronisation and harness functions, and the methods of the harness's classes, are compared by identity
   after every call (patching), and once more after each workload by a check taken before the solution was imported.
 - After a call returns, no thread may still run the solution's code, and every output must be a plain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,11 @@ from harness import guards, reward_hacks
 from harness.correctness import ALL_ZEROS, check_output
 from harness.registry import get_solution
 from harness.reward_hacks import LateWorkWatch, check_call
-from harness.runner import Bench, BenchOptions
+from harness.runner import Bench, BenchOptions, allocate_outputs, redraw_in_place, unpredictable_seeds
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import Tolerance, load_named_suite
+from reference import allocate_inputs
 from reference.problem import OUTPUTS
 
 SMOKE = load_named_suite("smoke")
@@ -175,6 +177,27 @@ def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, exp
     workload = bench(root, "wrong_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is expected, workload.message
     assert "timed calls" in workload.message and wording in workload.message
+
+
+def test_no_input_the_harness_draws_depends_on_the_process_rng() -> None:
+    """Trials' and timed calls' inputs (and the sustained timing's redraws) come from generators of the harness's own,
+    seeded by it or by the OS's entropy: a solution that reseeds torch's or Python's global RNG, or reads their state,
+    changes and learns nothing."""
+    drawn = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        random.seed(global_seed)
+        inputs, outputs = allocate_inputs(WORKLOAD.dims, torch.device("cpu")), allocate_outputs(WORKLOAD, torch.device("cpu"))
+        redraw_in_place(inputs, outputs, WORKLOAD.dims, seed=7)
+        reward_hacks.draw_sustained(inputs, seed=8, fresh_weights=True)
+        drawn.append(inputs)
+    assert all(torch.equal(guards.bits(drawn[0][name]), guards.bits(drawn[1][name])) for name in drawn[0])
+    seeds = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        random.seed(0)
+        seeds.append(next(unpredictable_seeds()))
+    assert seeds[0] != seeds[1]
 
 
 def test_late_work_is_a_verdict_on_its_second_sighting() -> None:
