@@ -160,9 +160,11 @@ def kernel_tables(result: BenchResult) -> list[Table]:
         if w.kernels is None:
             continue
         k = w.kernels
+        lead_in = "" if k.lead_in_us is None else f"the host's lead-in to the first activity {k.lead_in_us:,.1f} us, "
+        idle = "" if k.idle_us is None else f", idle inside it {k.idle_us:,.1f} us"
         title = (
-            f"{result.solution.name} #{w.index} (B={w.batch_seq_len}, T={w.num_tokens}): span {k.span_us:,.1f} us, "
-            f"GPU busy {k.busy_us:,.1f} us (medians of {k.calls} calls){'; ' + k.note if k.note else ''}"
+            f"{result.solution.name} #{w.index} (B={w.batch_seq_len}, T={w.num_tokens}): {lead_in}span {k.span_us:,.1f} "
+            f"us{idle}, GPU busy {k.busy_us:,.1f} us (medians of {k.calls} calls){'; ' + k.note if k.note else ''}"
         )
         table = Table(title=title)
         for name in ("start us", "duration us", "stream", "kernel"):

@@ -204,6 +204,14 @@ class KernelProfile(BaseModel):
     calls: int
     span_us: float = Field(description="median over the calls of first start to last end: the public evaluator's figure")
     busy_us: float = Field(description="median over the calls of the sum of the activities' durations")
+    idle_us: float | None = Field(
+        default=None, description="median over the calls of the time inside the span in which no activity runs"
+    )
+    lead_in_us: float | None = Field(
+        default=None,
+        description="median over the calls of the host's time from entering the call to its first activity's start, "
+        "from an idle device (harness.attribution): the part of call latency the span leaves out",
+    )
     kernels: list[KernelRun] = Field(description="the activities of the call whose span is the median")
     note: str = ""
 

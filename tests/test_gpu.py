@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -90,11 +91,21 @@ def test_cuda_graph_replays_pass_the_check_near_the_device_time(tmp_path: Path) 
 
 def test_kernel_profile_from_an_idle_device_or_behind_a_head_start() -> None:
     """`bench --kernels` profiles a call from an idle device; timeline.py behind a GPU spin, which the profile leaves out:
-    both see the call's one kernel, and the 2 ms spin is in neither span."""
+    both see the call's one kernel, and the 2 ms spin is in neither span. From an idle device the host's lead-in is read
+    against the marker fill: a call that spends 2 ms on the host before its launch shows it, one that launches at once
+    a few microseconds."""
     cuda = torch.device("cuda")
     a = torch.randn(2048, 2048, device=cuda)
+
+    def late(i: int) -> torch.Tensor:
+        time.sleep(2e-3)
+        return a @ a
+
     idle = profile_kernels(lambda i: a @ a, lambda i: None, cuda)
     ahead = profile_kernels(lambda i: a @ a, lambda i: None, cuda, head_start_s=2e-3)
-    for profile in (idle, ahead):
+    slow_host = profile_kernels(late, lambda i: None, cuda)
+    for profile in (idle, ahead, slow_host):
         assert profile.calls == 3 and len(profile.kernels) == 1 and 0 < profile.span_us < 1000, profile
+        assert profile.idle_us == pytest.approx(0.0, abs=1e-6), profile  # one kernel: no gap inside the span
     assert idle.kernels[0].name == ahead.kernels[0].name
+    assert ahead.lead_in_us is None and 0 <= idle.lead_in_us < 200 and 1900 <= slow_host.lead_in_us < 4000, (idle, slow_host)

@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 
 from harness import compare as comparing
 from harness import runner, timing
-from harness.cli import app, workload_table
+from harness.attribution import after_first, covered_us
+from harness.cli import app, kernel_tables, workload_table
 from harness.correctness import compute_reference
 from harness.registry import get_solution
-from harness.results import LateWork, SustainedTiming, TimingStats, save
+from harness.results import RESULTS_DIR, KernelProfile, KernelRun, LateWork, SustainedTiming, TimingStats, load_result, save
 from harness.reward_hacks import (
     FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
@@ -532,3 +533,24 @@ def test_work_left_on_a_side_stream_is_charged_to_both_timings() -> None:
     assert device_time.mean_us > 100 and device_time.late_work.late == device_time.late_work.measured > 0
     empty, _ = time_call_latency(lambda i: None, lambda i: None, device, FAST)
     assert empty.late_work.mean_us < LATE_WORK_NOISE_US and empty.mean_us < 100
+
+
+def test_a_profiled_call_is_read_after_its_marker_with_overlaps_counted_once() -> None:
+    """`bench --kernels` drops the window's first activity (the marker fill, or timeline.py's spin), re-bases the call's
+    activities to the first of them and reads the host's lead-in against the marker's start; the idle time inside the
+    span counts activities that overlap on two streams once. The table's title shows both."""
+    runs = [
+        KernelRun(name="marker", stream=7, start_us=0.0, duration_us=2.0),
+        KernelRun(name="dh", stream=7, start_us=30.0, duration_us=50.0),  # 0-50 after re-basing
+        KernelRun(name="gather", stream=9, start_us=70.0, duration_us=20.0),  # 40-60: past dh's end by 10
+        KernelRun(name="dx", stream=7, start_us=100.0, duration_us=20.0),  # 70-90, after 10 us idle
+    ]
+    lead_in, call = after_first(runs)
+    assert lead_in == 30.0 and [(r.name, r.start_us) for r in call] == [("dh", 0.0), ("gather", 40.0), ("dx", 70.0)]
+    assert covered_us(call) == 80.0 and covered_us([]) == 0.0
+    assert after_first(runs[:1]) == (None, [])
+    profile = KernelProfile(calls=1, span_us=90.0, busy_us=90.0, idle_us=10.0, lead_in_us=lead_in, kernels=call)
+    result = load_result(RESULTS_DIR / "nvidia-h200" / "triton_fused.json")
+    result.workloads[0].kernels = profile
+    (table,) = kernel_tables(result)
+    assert "lead-in to the first activity 30.0 us, span 90.0 us, idle inside it 10.0 us" in table.title
