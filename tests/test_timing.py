@@ -7,15 +7,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from types import SimpleNamespace
+from typing import ClassVar, Self
 
 import pytest
 import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+from harness import attribution, runner, timing
 from harness import compare as comparing
-from harness import runner, timing
 from harness.attribution import after_first, covered_us
 from harness.cli import app, kernel_tables, workload_table
 from harness.correctness import compute_reference
@@ -554,3 +555,48 @@ def test_a_profiled_call_is_read_after_its_marker_with_overlaps_counted_once() -
     result.workloads[0].kernels = profile
     (table,) = kernel_tables(result)
     assert "lead-in to the first activity 30.0 us, span 90.0 us, idle inside it 10.0 us" in table.title
+
+
+class _FakeProfile:
+    """torch.profiler.profile as profile_kernels uses it, whose i-th window holds, listed out of order, the marker (or
+    spin) and a call's three kernels: dh 25 + i us after the marker's start, gather beside it on another stream and past
+    its end, then dx after a gap."""
+
+    calls = 0
+
+    def __init__(self, activities) -> None:
+        self.index = _FakeProfile.calls
+        _FakeProfile.calls += 1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def events(self) -> list[SimpleNamespace]:
+        def event(name: str, stream: int, start: float, duration: float) -> SimpleNamespace:
+            return SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA, device_resource_id=stream,
+                                   time_range=SimpleNamespace(start=start, end=start + duration))  # fmt: skip
+
+        lead = 25.0 + self.index
+        return [event("dx", 7, 1000 + lead + 70, 20), event("first", 7, 1000, 2), event("dh", 7, 1000 + lead, 50),
+                event("gather", 9, 1000 + lead + 40, 20)]  # fmt: skip
+
+
+def test_profile_kernels_reads_each_call_after_its_marker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """profile_kernels with the profiler and CUDA calls faked: the window's first activity is dropped, the lead-in is the
+    median over the calls of the first kernel's start after it (none behind a head start), the idle time the span's gap
+    between gather's end and dx's start."""
+    monkeypatch.setattr(attribution, "profile", _FakeProfile)
+    monkeypatch.setattr(_FakeProfile, "calls", 0)
+    monkeypatch.setattr(attribution, "L2Flusher", lambda device: lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
+    calls = []
+    idle = attribution.profile_kernels(calls.append, lambda i: None, torch.device("cpu"))
+    assert calls == [0, 1, 2] and idle.calls == 3 and idle.lead_in_us == 26.0
+    assert [(k.name, k.start_us) for k in idle.kernels] == [("dh", 0.0), ("gather", 40.0), ("dx", 70.0)]
+    assert idle.span_us == 90.0 and idle.idle_us == 10.0 and idle.busy_us == 90.0
+    ahead = attribution.profile_kernels(calls.append, lambda i: None, torch.device("cpu"), head_start_s=1e-3)
+    assert ahead.lead_in_us is None and ahead.span_us == 90.0
