@@ -447,8 +447,8 @@ SolutionsOption = Annotated[
 
 
 BY_WORKLOAD_VALUES = (
-    "latency_us", "device_us", "host_us", "floor_us", "public_us", "mixed_us", "sustained_us", "pct_sol", "pct_sol_measured",
-    "sol_score", "device_sol_score",
+    "latency_us", "device_us", "host_us", "floor_us", "lead_in_us", "span_us", "public_us", "mixed_us", "sustained_us",
+    "pct_sol", "pct_sol_measured", "sol_score", "device_sol_score",
 )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from harness.results import (
     BASELINE_SOLUTION,
+    KernelProfile,
     MixedTokensTiming,
     ResultsError,
     SustainedTiming,
@@ -71,6 +72,8 @@ def load_frame(
                     "device_us": w.device_us,
                     "host_us": w.host.median_us if w.host else None,
                     "floor_us": w.launch_floor.latency_us if w.launch_floor else None,
+                    "lead_in_us": _lead_in(w.kernels),
+                    "span_us": w.kernels.span_us if w.kernels and w.kernels.calls else math.nan,
                     "sol_us": w.sol_us,
                     "sol_us_measured": w.sol_us_measured,
                     "pct_sol": w.percent_of_sol,
@@ -91,6 +94,11 @@ def load_frame(
 
 
 PUBLIC_EVALUATOR_FOLDER = "public-evaluator"
+
+
+def _lead_in(profile: KernelProfile | None) -> float:
+    """`bench --kernels`' lead-in of a profiled call from an idle device (harness.attribution); NaN where not profiled."""
+    return profile.lead_in_us if profile and profile.lead_in_us is not None else math.nan
 
 
 def _optional_mean(timing: MixedTokensTiming | SustainedTiming | None) -> float:

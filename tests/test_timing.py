@@ -536,10 +536,11 @@ def test_work_left_on_a_side_stream_is_charged_to_both_timings() -> None:
     assert empty.late_work.mean_us < LATE_WORK_NOISE_US and empty.mean_us < 100
 
 
-def test_a_profiled_call_is_read_after_its_marker_with_overlaps_counted_once() -> None:
+def test_a_profiled_call_is_read_after_its_marker_with_overlaps_counted_once(tmp_path: Path) -> None:
     """`bench --kernels` drops the window's first activity (the marker fill, or timeline.py's spin), re-bases the call's
     activities to the first of them and reads the host's lead-in against the marker's start; the idle time inside the
-    span counts activities that overlap on two streams once. The table's title shows both."""
+    span counts activities that overlap on two streams once. The table's title shows both, and compare's per-workload
+    values the lead-in and the span ("-" where a workload was not profiled)."""
     runs = [
         KernelRun(name="marker", stream=7, start_us=0.0, duration_us=2.0),
         KernelRun(name="dh", stream=7, start_us=30.0, duration_us=50.0),  # 0-50 after re-basing
@@ -555,6 +556,10 @@ def test_a_profiled_call_is_read_after_its_marker_with_overlaps_counted_once() -
     result.workloads[0].kernels = profile
     (table,) = kernel_tables(result)
     assert "lead-in to the first activity 30.0 us, span 90.0 us, idle inside it 10.0 us" in table.title
+    save(result, tmp_path / "nvidia-h200" / "triton_fused.json")
+    values = ("compare", "--results-dir", str(tmp_path), "--by-workload", "--value", "lead_in_us,span_us", "--format", "csv")
+    rows = CliRunner().invoke(app, values).stdout.splitlines()
+    assert rows[1].endswith(",30.0,90.0") and rows[2].endswith(",-,-"), rows[:3]
 
 
 class _FakeProfile:
