@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -263,6 +264,8 @@ def bench(
     from harness.scoring import Scorer
 
     dev = pick_device(device)
+    if dev.type == "cuda" and os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"):
+        fail("CUDA_LAUNCH_BLOCKING is set: each launch would wait for its kernel, and the timings measure that; unset it")
     if suite is None:
         suite = default_suite(dev.type)
         if dev.type == "cpu":

@@ -35,6 +35,15 @@ class Provenance(BaseModel):
     git_commit: str
     git_dirty: bool | None = None
     timestamp: str
+    environment: dict[str, str] = {}  # RECORDED_ENVIRONMENT's variables that were set
+
+
+# Environment variables that change what kernels compute or how a call's launches are issued (a figure measured under
+# one of them is read with it): recorded with every result where set.
+RECORDED_ENVIRONMENT = (
+    "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF",
+    "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "TRITON_DEFAULT_FP_FUSION",
+)  # fmt: skip
 
 
 def device_name(device: torch.device) -> str:
@@ -135,4 +144,5 @@ def collect(device: torch.device, clocks_before: Clocks) -> Provenance:
         git_commit=commit,
         git_dirty=dirty,
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        environment={name: os.environ[name] for name in RECORDED_ENVIRONMENT if name in os.environ},
     )

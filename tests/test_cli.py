@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -120,6 +121,15 @@ def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_a_gpu_bench_under_cuda_launch_blocking_is_refused_in_one_line(monkeypatch) -> None:
+    """CUDA_LAUNCH_BLOCKING makes every launch wait for its kernel, which the timings would measure: a bench on a GPU
+    refuses it before any work (torch made to see a GPU here; nothing reaches it)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    result = invoke("bench", "-s", "torch_eager")
+    assert result.exit_code == 2 and "CUDA_LAUNCH_BLOCKING is set" in result.output, result.output
 
 
 def test_compare_without_results(tmp_path: Path) -> None:

@@ -126,6 +126,17 @@ def test_harness_git_commit_overrides_the_working_copy(monkeypatch) -> None:
     assert commit != "b8faf19"
 
 
+def test_provenance_records_the_environment_that_changes_kernels_or_launches(monkeypatch) -> None:
+    """Of the environment, a result records the variables that change what kernels compute or how launches are issued
+    (provenance.RECORDED_ENVIRONMENT), where set, and nothing else."""
+    for name in provenance.RECORDED_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    monkeypatch.setenv("HARNESS_UNRELATED", "1")
+    recorded = provenance.collect(torch.device("cpu"), provenance.Clocks())
+    assert recorded.environment == {"TRITON_DEFAULT_FP_FUSION": "0"}
+
+
 def test_an_unreadable_baseline_file_gives_no_baseline_and_no_error(tmp_path: Path, bench_result) -> None:
     path = result_path(tmp_path, "cpu", "reference_fp32")
     path.parent.mkdir(parents=True)
