@@ -4,11 +4,14 @@
 - Inputs are snapshotted before and compared bit for bit after: an in-place mutation fails. (A full
   copy is stronger than a checksum and the inputs are at most a few hundred MB.)
 - An output that shares memory with an input fails.
-- Process-wide numeric settings (TF32 flags, default dtype, ...) are recorded before and compared
-  after: a solution that passes only by changing them (and thereby the reference) is caught. The global RNGs are
-  not among them: the harness draws every input from generators of its own, so their state decides nothing.
-- Timing, synchronisation and harness functions, and the methods of the harness's classes, are compared by identity
-  after every call (patching), and once more after each workload by a check taken before the solution was imported.
+- Process-wide numeric settings (TF32 flags, default dtype, autocast, torch function and dispatch modes, ...) are
+  recorded before and compared after: a solution that passes only by changing them (and thereby the reference) is
+  caught. The global RNGs are not among them: the harness draws every input from generators of its own, so their
+  state decides nothing.
+- Timing, synchronisation and harness functions, the methods of the harness's classes, and torch's functions and
+  tensor methods are compared by identity after every call (patching), and once more after each workload by a check
+  taken before the solution was imported, which also compares the kernels torch's dispatcher holds for every aten
+  operator (a kernel registered over torch's would compute the reference too).
 - After a call returns, no thread may still run the solution's code, and every output must be a plain
   torch.Tensor (a subclass can compute lazily, when the checker reads it).
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import pydantic
 import torch
+from torch.utils import _python_dispatch
 
 
 def poison(outputs: Sequence[torch.Tensor]) -> None:
@@ -80,33 +84,101 @@ def aliased_inputs(output: torch.Tensor, inputs: dict[str, torch.Tensor]) -> lis
     return hits
 
 
+def _keys(keys: torch._C.DispatchKeySet) -> tuple[str, ...]:
+    """The names in a dispatch key set ("DispatchKeySet(BackendSelect, ADInplaceOrView)")."""
+    text = repr(keys)
+    return tuple(sorted(name.strip() for name in text[text.index("(") + 1 : -1].split(",") if name.strip()))
+
+
+def _thread_keys(included: bool) -> tuple[Callable[[], object], Callable[[object], None]]:
+    """This thread's dispatch keys included (or excluded) beyond each operator's own: autocast's, the Python
+    dispatcher's, a dispatch mode's."""
+    read = torch._C._dispatch_tls_local_include_set if included else torch._C._dispatch_tls_local_exclude_set
+    set_key = torch._C._dispatch_tls_set_dispatch_key_included if included else torch._C._dispatch_tls_set_dispatch_key_excluded
+
+    def restore(keys: object) -> None:
+        for name in set(keys) ^ set(_keys(read())):
+            set_key(torch._C.DispatchKey.__members__[name], name in keys)
+
+    return (lambda: _keys(read())), restore
+
+
+def _mode_stack(size: Callable[[], int], pop: Callable[[], object]) -> tuple[Callable[[], object], Callable[[object], None]]:
+    """How many modes a stack holds, and what pops it back to a depth."""
+
+    def restore(depth: object) -> None:
+        while size() > depth:
+            pop()
+
+    return size, restore
+
+
+def _fp32_precision(owner: object) -> tuple[Callable[[], object], Callable[[object], None]]:
+    """Torch's newer per-backend float32 precision setting ("none", "ieee", "tf32", "bf16"), where it has one."""
+    return (lambda: getattr(owner, "fp32_precision", None)), (
+        lambda value: None if value is None else setattr(owner, "fp32_precision", value)
+    )
+
+
+_backends = torch.backends
+# Process-wide (and this thread's) settings that change what a float32 product computes, each with how to read and set
+# it, set in this order: the torch function and dispatch modes (which see every op, the reference's too) before the
+# dispatch keys they include, and the older TF32 flags before torch's newer float32 precision settings, which their
+# setters write. This thread's: the solution's calls run on it, and so does the reference.
+_SETTINGS: dict[str, tuple[Callable[[], object], Callable[[object], None]]] = {
+    "torch function modes": _mode_stack(torch._C._len_torch_function_stack, torch._C._pop_torch_function_stack),
+    "torch dispatch modes": _mode_stack(_python_dispatch._len_torch_dispatch_stack, _python_dispatch._pop_mode),
+    "dispatch keys included (autocast, Python dispatch)": _thread_keys(included=True),
+    "dispatch keys excluded (autocast, Python dispatch)": _thread_keys(included=False),
+    "torch.backends.cuda.matmul.allow_tf32": (
+        lambda: _backends.cuda.matmul.allow_tf32,
+        lambda value: setattr(_backends.cuda.matmul, "allow_tf32", value),
+    ),
+    "torch.backends.cudnn.allow_tf32": (
+        lambda: _backends.cudnn.allow_tf32,
+        lambda value: setattr(_backends.cudnn, "allow_tf32", value),
+    ),
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
+        lambda: _backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        lambda value: setattr(_backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", value),
+    ),
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
+        lambda: _backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        lambda value: setattr(_backends.cuda.matmul, "allow_fp16_reduced_precision_reduction", value),
+    ),
+    "torch.get_float32_matmul_precision()": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+    "torch.get_default_dtype()": (torch.get_default_dtype, torch.set_default_dtype),
+    "torch.backends.fp32_precision": _fp32_precision(_backends),
+    "torch.backends.cuda.matmul.fp32_precision": _fp32_precision(_backends.cuda.matmul),
+    "torch.backends.cudnn.fp32_precision": _fp32_precision(_backends.cudnn),
+    "torch.backends.mkldnn.fp32_precision": _fp32_precision(_backends.mkldnn),
+}
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A setting torch refuses to read (an older TF32 flag that a newer setting contradicts): what it said."""
+
+    message: str
+
+
+def _read(getter: Callable[[], object]) -> object:
+    try:
+        return getter()
+    except RuntimeError as exc:
+        return Unreadable(str(exc))
+
+
 def numeric_settings() -> dict[str, object]:
-    """Process-wide settings that change what a float32 matmul computes."""
-    return {
-        "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": (
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-        ),
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": (
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-        ),
-        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
-        "torch.get_default_dtype()": torch.get_default_dtype(),
-    }
+    """Process-wide settings that change what a float32 product computes (_SETTINGS)."""
+    return {name: _read(get) for name, (get, _) in _SETTINGS.items()}
 
 
 def restore_numeric_settings(settings: dict[str, object]) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = settings["torch.backends.cuda.matmul.allow_tf32"]
-    torch.backends.cudnn.allow_tf32 = settings["torch.backends.cudnn.allow_tf32"]
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = settings[
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"
-    ]
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = settings[
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"
-    ]
-    torch.set_float32_matmul_precision(settings["torch.get_float32_matmul_precision()"])
-    torch.set_default_dtype(settings["torch.get_default_dtype()"])
+    """Set each setting named in `settings` to its value there, in _SETTINGS's order (an unreadable one left as it is)."""
+    for name, (_, set_value) in _SETTINGS.items():
+        if name in settings and not isinstance(settings[name], Unreadable):
+            set_value(settings[name])
 
 
 # The settings under which the reference always runs, whatever a solution did before.
@@ -131,27 +203,38 @@ def strict_fp32() -> Iterator[None]:
         restore_numeric_settings(saved)
 
 
+# Read and put back, not compared: the older flags' setters write these ("none" becomes "ieee", the same arithmetic), and
+# any other value set here makes the older flags read otherwise, or not at all (Unreadable), which is compared.
+_RESTORED_ONLY = frozenset(name for name in _SETTINGS if name.endswith(".fp32_precision"))
+
+
 def changed_settings(before: dict[str, object]) -> list[str]:
     after = numeric_settings()
-    return [name for name, value in before.items() if after[name] != value]
+    return [name for name, value in before.items() if name not in _RESTORED_ONLY and after[name] != value]
 
 
 # Functions whose identity is checked after every call: timing and synchronisation (a solution that patches them could
-# fake its time), what carries a worker's result to the parent (json, pydantic), and every function of the harness and
-# the reference with every method of their classes (their checks).
+# fake its time), what carries a worker's result to the parent (json, pydantic), torch's namespaces (the arithmetic of
+# the inputs, the reference and the checks), and every function of the harness and the reference with every method of
+# their classes (their checks).
 _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (time, ("perf_counter", "perf_counter_ns", "time", "monotonic")),
     (torch.cuda, ("synchronize", "Event", "Stream", "current_stream", "_sleep")),
     (torch.cuda.Event, ("record", "elapsed_time", "synchronize", "query", "wait")),
     (torch.cuda.Stream, ("synchronize", "wait_stream", "wait_event", "record_event")),
-    (torch, ("equal", "isnan", "isinf", "isfinite")),
-    (torch.Tensor, ("copy_", "fill_", "clone", "float", "view", "abs", "max", "mean", "__sub__", "__le__")),
     (json, ("dumps", "loads")),
     (secrets, ("randbits", "SystemRandom")),  # the timed calls' seeds and the sample of them verified in full
     (random.SystemRandom, ("randrange", "getrandbits", "random")),
     (pydantic.BaseModel, ("model_dump_json", "model_dump", "model_validate", "__setattr__")),
 )
 _WATCHED_PACKAGES = ("harness", "reference")
+# torch's namespaces, whole: every function and class of torch and torch.nn.functional and every method, operator and
+# property of torch.Tensor. The input draws, the reference and the output checks call them: replacing
+# torch.Tensor.__matmul__ or torch.randn would change the reference or the inputs, for the solution's benefit.
+# torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and the harness never draws
+# from torch's global generator.
+_WATCHED_TORCH_MODULES = (torch, torch.nn.functional)
+_UNWATCHED = frozenset({"torch.manual_seed"})
 
 
 def _function(member: object) -> object:
@@ -187,10 +270,41 @@ def _methods(cls: type) -> dict[str, object]:
     }
 
 
-def patch_check() -> Callable[[], list[str]]:
+def _torch_namespaces() -> list[tuple[object, tuple[str, ...]]]:
+    """The names of torch's namespaces watched (_WATCHED_TORCH_MODULES, torch.Tensor), by owner."""
+    modules = [
+        (module, tuple(n for n, v in vars(module).items() if callable(v) and f"{module.__name__}.{n}" not in _UNWATCHED))
+        for module in _WATCHED_TORCH_MODULES
+    ]
+    tensor = tuple(n for n in dir(torch.Tensor) if hasattr(getattr_static(torch.Tensor, n), "__get__"))
+    return [*modules, (torch.Tensor, tensor)]
+
+
+def aten_kernels() -> dict[str, str]:
+    """Every aten operator's kernels as torch's dispatcher lists them, each with where it was registered, less the Meta
+    kernels (fake tensors only: torch.compile's tracing may register some as it goes)."""
+    return {
+        op: "\n".join(line for line in torch._C._dispatch_dump(op).splitlines() if not line.startswith("Meta"))
+        for op in torch._C._dispatch_get_all_op_names()
+        if op.startswith("aten::")
+    }
+
+
+def _registered_since(before: str, now: str) -> str:
+    """The kernels listed in `now` and not in `before` ("CPU: registered at solution.py:12 ...")."""
+    added = sorted(set(now.splitlines()) - set(before.splitlines()))
+    return "; ".join(line.split(" :: ")[0] for line in added if "(inactive)" not in line) or "a kernel removed"
+
+
+def patch_check(kernels: bool = False) -> Callable[[], list[str]]:
     """Snapshot the watched functions now, and return the check against the snapshot: the names of those replaced
     since (a module's or a class's attribute, a function's code swapped in place, a method added to a class of the
     harness over an inherited one), each put back.
+
+    With `kernels`, also the kernels torch's dispatcher holds for every aten operator (aten_kernels): a kernel
+    registered over one of torch's (torch.library) changes the reference's arithmetic for every caller. Reported once
+    and not put back (torch cannot unregister another's kernel); about 50 ms a look on one CPU core, so the backstop
+    after each workload looks (the registration must last until the timed calls' outputs are checked), not every call.
 
     Take it before a solution is imported. The check holds what it uses in its closure, so a solution that replaces
     functions of the harness, this module's included, cannot change what it does; code that replaces Python's
@@ -198,7 +312,7 @@ def patch_check() -> Callable[[], list[str]]:
     solution's process (harness.isolation).
     """
     watched: dict[str, tuple[object, str, tuple]] = {}  # name -> (owner, attribute, identity)
-    for owner, names in _WATCHED_ATTRIBUTES:
+    for owner, names in (*_WATCHED_ATTRIBUTES, *_torch_namespaces()):
         for name in names:
             if hasattr(owner, name):
                 watched[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, _identity(_member(owner, name)))
@@ -215,6 +329,8 @@ def patch_check() -> Callable[[], list[str]]:
                 for attribute, member in methods.items():
                     watched[f"{module_name}.{name}.{attribute}"] = (value, attribute, _identity(member))
     member_of, identity, restore, methods_of = _member, _identity, _restore, _methods
+    list_kernels, registered_since = aten_kernels, _registered_since
+    dispatched = list_kernels() if kernels else {}
 
     def replaced() -> list[str]:
         found = []
@@ -227,6 +343,12 @@ def patch_check() -> Callable[[], list[str]]:
             for added in sorted(methods_of(cls).keys() - names):
                 found.append(f"{cls.__module__}.{cls.__qualname__}.{added} (added)")
                 delattr(cls, added)
+        if kernels:
+            now = list_kernels()
+            for op, listed in dispatched.items():
+                if now.get(op, "") != listed:
+                    found.append(f"{op}'s kernels ({registered_since(listed, now.get(op, ''))})")
+                    dispatched[op] = now.get(op, "")
         return found
 
     return replaced

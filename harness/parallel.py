@@ -204,7 +204,7 @@ def merge(plan: RunPlan, collected: Collected) -> dict[str, BenchResult]:
 def run_one_job(setup: dict, uuid: str) -> str:
     """One job in the calling process (a Ray task's): the solution loaded, the workload measured, the summary with its
     one result as JSON."""
-    patched = guards.patch_check()  # before the solution is loaded: the backstop after the workload
+    patched = guards.patch_check(kernels=True)  # before the solution is loaded: the backstop after the workload
     suite, bench = bench_from_setup(setup)
     workload = next(w for w in suite.workloads if w.uuid == uuid)
     result = bench.workload(suite, workload)

@@ -135,7 +135,7 @@ def threads_still_running(e: CallEvidence) -> str:
 
 
 def patched_message(replaced: list[str]) -> str:
-    return f"replaced timing, synchronisation or harness functions: {', '.join(replaced)}"
+    return f"replaced functions or kernels the harness relies on (timing, torch, its own checks): {', '.join(replaced)}"
 
 
 def patched_functions(e: CallEvidence) -> str:

@@ -609,7 +609,7 @@ def run_side_by_side(
     """
     by_name = {bench.solution.name: bench for bench in benches}
     ordered = [by_name[name] for name in baseline_first(by_name)]
-    patched = guards.patch_check()
+    patched = guards.patch_check(kernels=True)
     for bench in ordered:
         bench.start()
         replaced = patched()  # before the method is looked up: it puts back a replaced one

@@ -57,7 +57,7 @@ def main(command_fd: int, result_fd: int) -> int:
         results.write(json.dumps({"nonce": nonce, **message}) + "\n")
         results.flush()
 
-    patched = guards.patch_check()  # before the solution is loaded: the backstop after each workload
+    patched = guards.patch_check(kernels=True)  # before the solution is loaded: the backstop after each workload
     try:
         suite, bench = bench_from_setup(setup)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which marks the workloads

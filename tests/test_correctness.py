@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,8 @@ SABOTAGE = {
     ),
     "mutated_input": ("    w2_weight[0, 0] += 1", Status.REWARD_HACK),
     "tf32_left_on": ("    torch.backends.cuda.matmul.allow_tf32 = True", Status.REWARD_HACK),
+    "tf32_by_the_newer_api": ("    torch.backends.fp32_precision = 'tf32'", Status.REWARD_HACK),  # older flags unreadable
+    "autocast_left_on": ("    torch.set_autocast_enabled('cpu', True)", Status.REWARD_HACK),
     "crash": ("    raise RuntimeError('kernel exploded')", Status.RUNTIME_ERROR),
     "resized_output": ("    grad_w2_weight.resize_(3, 3)", Status.INCORRECT_SHAPE),
     "swapped_dtype": ("    grad_w1_weight.data = grad_w1_weight.data.float()", Status.INCORRECT_DTYPE),
@@ -101,6 +104,23 @@ def test_a_replaced_harness_function_or_method_is_caught_and_put_back(make_solut
     workload = bench(root, "patches").run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is Status.REWARD_HACK and reported in workload.message, workload.message
     assert untouched() == []  # every replacement was put back
+
+
+def test_a_kernel_registered_over_torchs_is_reported_once() -> None:
+    """An aten kernel of a solution's own (torch.library) computes the reference too: the backstop's check names it
+    and where it was registered, once, so that solutions sharing the process after it are not marked for it."""
+    check = guards.patch_check(kernels=True)
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns of the kernel it overrides
+        library.impl("mm", lambda a, b: a.new_zeros(a.shape[0], b.shape[1]), "CPU")
+    try:
+        (found,) = check()
+        assert found.startswith("aten::mm's kernels (CPU: registered at ") and __file__ in found, found
+        assert check() == []
+    finally:
+        library._destroy()
+    assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).sum() == 8
 
 
 RETURNING = """
