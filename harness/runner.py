@@ -39,7 +39,6 @@ import torch
 
 from harness import guards, provenance, reward_hacks
 from harness.attribution import profile_kernels
-from harness.correctness import check_outputs, compute_reference
 from harness.launch_audit import LaunchAudit
 from harness.registry import Solution, SolutionError
 from harness.results import (
@@ -436,12 +435,13 @@ class Bench:
         prepare = _redrawn_in_place(inputs, outputs, workload.dims, seeds)
         try:
             timing, _ = time_call_latency(lambda i: graph.replay(), prepare, self.device, self.options.timing)
+            checked = redraw_in_place(inputs, outputs, workload.dims, next(seeds))
+            graph.replay()
         except Exception as exc:  # noqa: BLE001
             return GraphTiming(error="replay failed: " + describe_exception(exc))
-        _, status, detail = check_outputs(workload, produced, compute_reference(inputs))
-        return GraphTiming(
-            timing=timing, error="" if status is Status.PASSED else f"the last replay's outputs fail the check: {detail}"
-        )
+        checked.outputs = produced
+        failure = checked.failure(workload, self.device)
+        return GraphTiming(timing=timing, error=f"a last replay: {failure}" if failure else "")
 
     def _time_mixed_tokens(self, call: SolutionCaller, workload: Workload, seeds: Iterator[int]) -> MixedTokensTiming | None:
         """Call latency of calls cycling through the T nearest the workload's (results.MixedTokensTiming): each call at
@@ -457,6 +457,7 @@ class Bench:
         failures: dict[int, str] = {}
         current: dict[str, torch.Tensor] = {}
         buffers: list[torch.Tensor] = []
+        drawn: list[TimedCall] = []  # the current call's
 
         def prepare(i: int) -> None:
             t = tokens[i % len(tokens)]
@@ -464,8 +465,10 @@ class Bench:
             current.clear()
             current.update((spec.name, x[:t] if spec.shape[0] == "T" else x) for spec, x in zip(INPUTS, tensors))
             buffers[:] = tensors[len(INPUTS) :]
-            fill_inputs(current, replace(workload.dims, num_tokens=t), next(seeds))
+            seed = next(seeds)
+            fill_inputs(current, replace(workload.dims, num_tokens=t), seed)
             guards.poison(buffers)
+            drawn[:] = [TimedCall(dict(current), seed)]
 
         def timed_call(i: int) -> None:
             buffers[:] = call(current, buffers)
@@ -473,10 +476,10 @@ class Bench:
         def after(i: int) -> None:
             t = tokens[i % len(tokens)]
             if i // len(tokens) == verified[t]:
-                shaped = workload.model_copy(update={"num_tokens": t})
-                _, status, detail = check_outputs(shaped, buffers, compute_reference(current))
-                if status is not Status.PASSED:
-                    failures[t] = detail
+                drawn[0].outputs = list(buffers)
+                failure = drawn[0].failure(workload.model_copy(update={"num_tokens": t}), self.device)
+                if failure:
+                    failures[t] = failure
 
         timed = len(tokens) * (rounds - 1)
         # every round, whatever the time: the checked calls are in all of them
@@ -488,7 +491,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is this timing's result
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error="during the calls: " + describe_exception(exc))
         if failures:
-            error = "outputs fail the check: " + "; ".join(f"T = {t}: {failures[t]}" for t in tokens if t in failures)
+            error = "checked calls fail: " + "; ".join(f"T = {t}: {failures[t]}" for t in tokens if t in failures)
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error)
         tokens_us = [statistics.fmean(samples[k :: len(tokens)]) for k in range(len(tokens))]
         return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host, tokens_us=tokens_us)

@@ -169,7 +169,7 @@ def test_a_failed_mixed_t_timing_is_named_with_its_error(tmp_path: Path, make_so
                     "--solutions-dir", str(root), "--results-dir", str(tmp_path))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "passed 1/1" in result.output and "mixed T" in result.output and "failed" in result.output
-    assert "#4 smoke-t67-b197 mixed T: outputs fail the check: T = 66: grad_hidden_states" in result.output
+    assert "#4 smoke-t67-b197 mixed T: checked calls fail: T = 66: outputs (seed " in result.output
     assert "(the result file has it all)" in result.output  # the 16 T's failures, cut short
 
 

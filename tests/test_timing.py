@@ -176,9 +176,39 @@ def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_alone(make_solutio
     )
     mixed = result.workloads[0].mixed_tokens
     assert result.workloads[0].status.value == "PASSED"
-    assert mixed.timing is None and mixed.error.startswith("outputs fail the check: T = ")
+    assert mixed.timing is None and mixed.error.startswith("checked calls fail: T = ")
+    assert "fail the check: grad_hidden_states" in mixed.error
     save(result, root.parent / "results" / "cpu" / "one_shape.json")
     assert math.isnan(comparing.summary(comparing.load_frame(root.parent / "results")).mean_mixed_us.iloc[0])
+
+
+# Honest until T changes on three calls in a row, which only the mixed-T timing does: then it zeroes grad_output in
+# place and writes zeros, which the reference on the inputs as the call left them would agree with.
+ZEROES_ITS_INPUTS_AT_MIXED_T = """
+from reference import reference_backward
+
+TOKENS = []
+
+def run(*tensors):
+    TOKENS.append(tensors[1].numel())
+    if len(set(TOKENS[-3:])) == 3:
+        tensors[0].zero_()
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_mixed_t_calls_are_checked_against_their_inputs_drawn_again(make_solution) -> None:
+    """A call that rewrites its inputs cannot bring the reference to its outputs: the checked calls' inputs are drawn
+    again from their seeds, and compared with what the call left."""
+    root = make_solution("zeroes_inputs", ZEROES_ITS_INPUTS_AT_MIXED_T)
+    options = BenchOptions(trials=2, timing=FAST, mixed_tokens=True)
+    result = Bench(get_solution("zeroes_inputs", root), torch.device("cpu"), options, root.parent / "results").run(
+        SMOKE, [SMOKE.workloads[4]]
+    )
+    mixed = result.workloads[0].mixed_tokens
+    assert result.workloads[0].status.value == "PASSED", result.workloads[0].message
+    assert mixed.timing is None and "inputs modified by the call (seed " in mixed.error and "): grad_output" in mixed.error
 
 
 def test_keep_busy_makes_the_calls_in_turn_until_its_time_is_up() -> None:
