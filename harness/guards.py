@@ -18,11 +18,14 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
+import math
 import os
 import random
 import secrets
+import statistics
 import sys
 import threading
 import time
@@ -228,12 +231,13 @@ _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (pydantic.BaseModel, ("model_dump_json", "model_dump", "model_validate", "__setattr__")),
 )
 _WATCHED_PACKAGES = ("harness", "reference")
-# torch's namespaces, whole: every function and class of torch and torch.nn.functional and every method, operator and
-# property of torch.Tensor. The input draws, the reference and the output checks call them: replacing
-# torch.Tensor.__matmul__ or torch.randn would change the reference or the inputs, for the solution's benefit.
-# torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and the harness never draws
-# from torch's global generator.
-_WATCHED_TORCH_MODULES = (torch, torch.nn.functional)
+# Modules watched whole (every function and class in them), with every method, operator and property of torch.Tensor:
+# the arithmetic of the timings' statistics (math, statistics; replacing statistics.fmean would halve a reported time),
+# and torch's, which the input draws, the reference and the output checks call (replacing torch.Tensor.__matmul__ or
+# torch.randn would change the reference or the inputs, for the solution's benefit). Python's builtins are watched
+# apart (patch_check). torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and
+# the harness never draws from torch's global generator.
+_WATCHED_MODULES = (math, statistics, torch, torch.nn.functional)
 _UNWATCHED = frozenset({"torch.manual_seed"})
 
 
@@ -270,11 +274,11 @@ def _methods(cls: type) -> dict[str, object]:
     }
 
 
-def _torch_namespaces() -> list[tuple[object, tuple[str, ...]]]:
-    """The names of torch's namespaces watched (_WATCHED_TORCH_MODULES, torch.Tensor), by owner."""
+def _whole_namespaces() -> list[tuple[object, tuple[str, ...]]]:
+    """The names watched in _WATCHED_MODULES and torch.Tensor, by owner."""
     modules = [
         (module, tuple(n for n, v in vars(module).items() if callable(v) and f"{module.__name__}.{n}" not in _UNWATCHED))
-        for module in _WATCHED_TORCH_MODULES
+        for module in _WATCHED_MODULES
     ]
     tensor = tuple(n for n in dir(torch.Tensor) if hasattr(getattr_static(torch.Tensor, n), "__get__"))
     return [*modules, (torch.Tensor, tensor)]
@@ -298,8 +302,8 @@ def _registered_since(before: str, now: str) -> str:
 
 def patch_check(kernels: bool = False) -> Callable[[], list[str]]:
     """Snapshot the watched functions now, and return the check against the snapshot: the names of those replaced
-    since (a module's or a class's attribute, a function's code swapped in place, a method added to a class of the
-    harness over an inherited one), each put back.
+    since (a builtin, a module's or a class's attribute, a function's code swapped in place, a method added to a class
+    of the harness over an inherited one), each put back.
 
     With `kernels`, also the kernels torch's dispatcher holds for every aten operator (aten_kernels): a kernel
     registered over one of torch's (torch.library) changes the reference's arithmetic for every caller. Reported once
@@ -307,12 +311,12 @@ def patch_check(kernels: bool = False) -> Callable[[], list[str]]:
     after each workload looks (the registration must last until the timed calls' outputs are checked), not every call.
 
     Take it before a solution is imported. The check holds what it uses in its closure, so a solution that replaces
-    functions of the harness, this module's included, cannot change what it does; code that replaces Python's
-    builtins, reaches into the closure or walks the interpreter's frames can, which is the limit of checks inside the
-    solution's process (harness.isolation).
+    functions of the harness or Python's builtins, this module's included, cannot change what it does; code that
+    reaches into the closure, walks the interpreter's frames, or replaces a function only while the harness calls it
+    can, which is the limit of checks inside the solution's process (harness.isolation).
     """
     watched: dict[str, tuple[object, str, tuple]] = {}  # name -> (owner, attribute, identity)
-    for owner, names in (*_WATCHED_ATTRIBUTES, *_torch_namespaces()):
+    for owner, names in (*_WATCHED_ATTRIBUTES, *_whole_namespaces()):
         for name in names:
             if hasattr(owner, name):
                 watched[f"{getattr(owner, '__name__', owner)}.{name}"] = (owner, name, _identity(_member(owner, name)))
@@ -332,8 +336,15 @@ def patch_check(kernels: bool = False) -> Callable[[], list[str]]:
     list_kernels, registered_since = aten_kernels, _registered_since
     dispatched = list_kernels() if kernels else {}
 
+    builtin = vars(builtins)
+    builtins_before = [(name, value) for name, value in builtin.items() if callable(value) and not name.startswith("_")]
+
     def replaced() -> list[str]:
         found = []
+        for name, before in builtins_before:  # first, by identity and dict methods alone: what follows calls builtins
+            if builtin.get(name) is not before:
+                found.append(f"builtins.{name}")
+                builtin[name] = before
         for name, (owner, attribute, before) in watched.items():
             now = identity(member_of(owner, attribute))
             if any(a is not b for a, b in zip(now, before)):
