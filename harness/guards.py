@@ -217,27 +217,29 @@ def changed_settings(before: dict[str, object]) -> list[str]:
 
 
 # Functions whose identity is checked after every call: timing and synchronisation (a solution that patches them could
-# fake its time), what carries a worker's result to the parent (json, pydantic), torch's namespaces (the arithmetic of
-# the inputs, the reference and the checks), and every function of the harness and the reference with every method of
-# their classes (their checks).
+# fake its time), what carries a worker's result to the parent (json, pydantic), what draws the timed calls' seeds and
+# picks those checked in full (with secrets, below) and what finds a thread still running the solution's code; with
+# them the modules watched whole (below), Python's builtins (patch_check), and every function of the harness and the
+# reference with every method of their classes (their checks).
 _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (time, ("perf_counter", "perf_counter_ns", "time", "monotonic")),
     (torch.cuda, ("synchronize", "Event", "Stream", "current_stream", "_sleep")),
     (torch.cuda.Event, ("record", "elapsed_time", "synchronize", "query", "wait")),
     (torch.cuda.Stream, ("synchronize", "wait_stream", "wait_event", "record_event")),
     (json, ("dumps", "loads")),
-    (secrets, ("randbits", "SystemRandom")),  # the timed calls' seeds and the sample of them verified in full
     (random.SystemRandom, ("randrange", "getrandbits", "random")),
+    (sys, ("_current_frames",)),
+    (threading, ("enumerate", "get_ident")),
     (pydantic.BaseModel, ("model_dump_json", "model_dump", "model_validate", "__setattr__")),
 )
 _WATCHED_PACKAGES = ("harness", "reference")
 # Modules watched whole (every function and class in them), with every method, operator and property of torch.Tensor:
-# the arithmetic of the timings' statistics (math, statistics; replacing statistics.fmean would halve a reported time),
-# and torch's, which the input draws, the reference and the output checks call (replacing torch.Tensor.__matmul__ or
-# torch.randn would change the reference or the inputs, for the solution's benefit). Python's builtins are watched
-# apart (patch_check). torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and
+# the arithmetic of the timings' statistics (math, statistics: replacing statistics.fmean would halve a reported time),
+# the entropy of the timed calls' seeds (secrets), and torch's, which the input draws, the reference and the output
+# checks call (replacing torch.Tensor.__matmul__ or torch.randn would change the reference or the inputs, for the
+# solution's benefit). torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and
 # the harness never draws from torch's global generator.
-_WATCHED_MODULES = (math, statistics, torch, torch.nn.functional)
+_WATCHED_MODULES = (math, statistics, secrets, torch, torch.nn.functional)
 _UNWATCHED = frozenset({"torch.manual_seed"})
 
 
@@ -275,10 +277,12 @@ def _methods(cls: type) -> dict[str, object]:
 
 
 def _whole_namespaces() -> list[tuple[object, tuple[str, ...]]]:
-    """The names watched in _WATCHED_MODULES and torch.Tensor, by owner."""
+    """The names watched in _WATCHED_MODULES, CUPTI's binding where the launch audit loaded it, and torch.Tensor, by
+    owner."""
+    audit = [module for module in (sys.modules.get("cupti.cupti"),) if module is not None]
     modules = [
         (module, tuple(n for n, v in vars(module).items() if callable(v) and f"{module.__name__}.{n}" not in _UNWATCHED))
-        for module in _WATCHED_MODULES
+        for module in (*_WATCHED_MODULES, *audit)
     ]
     tensor = tuple(n for n in dir(torch.Tensor) if hasattr(getattr_static(torch.Tensor, n), "__get__"))
     return [*modules, (torch.Tensor, tensor)]

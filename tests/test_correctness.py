@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -95,8 +97,9 @@ def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
         ("harness.correctness.check_output.__code__ = (lambda *args: None).__code__", "harness.correctness.check_output"),
         ("harness.results.WorkloadResult.model_dump_json = lambda self, **kw: '{}'", "WorkloadResult.model_dump_json (added)"),
         ("__import__('builtins').any = lambda iterable: False", "builtins.any"),
+        ("__import__('sys')._current_frames = lambda: {}", "sys._current_frames"),
     ],
-    ids=["a method", "a function's code", "a method over an inherited one", "a builtin the check itself calls"],
+    ids=["a method", "a function's code", "a method over an inherited one", "a builtin the check itself calls", "threads hidden"],
 )
 def test_a_replaced_harness_function_or_method_is_caught_and_put_back(make_solution, patch: str, reported: str) -> None:
     sabotage = f"    import harness.correctness, harness.results, harness.reward_hacks\n    {patch}"
@@ -105,6 +108,17 @@ def test_a_replaced_harness_function_or_method_is_caught_and_put_back(make_solut
     workload = bench(root, "patches").run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is Status.REWARD_HACK and reported in workload.message, workload.message
     assert untouched() == []  # every replacement was put back
+
+
+def test_the_launch_audits_cupti_binding_is_watched_where_loaded(monkeypatch) -> None:
+    """The launch audit flushes CUPTI's records and reads its clock through cupti-python after the calls: a solution
+    that replaced those functions could hide its launches."""
+    binding = types.ModuleType("cupti.cupti")
+    binding.activity_flush_all = lambda flag: None
+    monkeypatch.setitem(sys.modules, "cupti.cupti", binding)
+    check = guards.patch_check()
+    binding.activity_flush_all = lambda flag: "nothing flushed"
+    assert check() == ["cupti.cupti.activity_flush_all"]
 
 
 def test_a_kernel_registered_over_torchs_is_reported_once() -> None:
