@@ -224,8 +224,6 @@ def changed_settings(before: dict[str, object]) -> list[str]:
 _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (time, ("perf_counter", "perf_counter_ns", "time", "monotonic")),
     (torch.cuda, ("synchronize", "Event", "Stream", "current_stream", "_sleep")),
-    (torch.cuda.Event, ("record", "elapsed_time", "synchronize", "query", "wait")),
-    (torch.cuda.Stream, ("synchronize", "wait_stream", "wait_event", "record_event")),
     (json, ("dumps", "loads")),
     (random.SystemRandom, ("randrange", "getrandbits", "random")),
     (sys, ("_current_frames",)),
@@ -233,13 +231,15 @@ _WATCHED_ATTRIBUTES: tuple[tuple[object, tuple[str, ...]], ...] = (
     (pydantic.BaseModel, ("model_dump_json", "model_dump", "model_validate", "__setattr__")),
 )
 _WATCHED_PACKAGES = ("harness", "reference")
-# Modules watched whole (every function and class in them), with every method, operator and property of torch.Tensor:
-# the arithmetic of the timings' statistics (math, statistics: replacing statistics.fmean would halve a reported time),
-# the entropy of the timed calls' seeds (secrets), and torch's, which the input draws, the reference and the output
-# checks call (replacing torch.Tensor.__matmul__ or torch.randn would change the reference or the inputs, for the
-# solution's benefit). torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and
-# the harness never draws from torch's global generator.
+# Modules watched whole (every function and class in them), and classes (every method, operator and property, their
+# constructors too): the CUDA events and streams that time the calls, the arithmetic of the timings' statistics (math,
+# statistics: replacing statistics.fmean would halve a reported time), the entropy of the timed calls' seeds
+# (secrets), and torch's, which the input draws, the reference and the output checks call (replacing
+# torch.Tensor.__matmul__ or torch.randn would change the reference or the inputs, for the solution's benefit).
+# torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and the harness never draws
+# from torch's global generator.
 _WATCHED_MODULES = (math, statistics, secrets, torch, torch.nn.functional)
+_WATCHED_CLASSES = (torch.Tensor, torch.cuda.Event, torch.cuda.Stream)
 _UNWATCHED = frozenset({"torch.manual_seed"})
 
 
@@ -277,15 +277,15 @@ def _methods(cls: type) -> dict[str, object]:
 
 
 def _whole_namespaces() -> list[tuple[object, tuple[str, ...]]]:
-    """The names watched in _WATCHED_MODULES, CUPTI's binding where the launch audit loaded it, and torch.Tensor, by
-    owner."""
+    """The names watched in _WATCHED_MODULES, CUPTI's binding where the launch audit loaded it, and _WATCHED_CLASSES,
+    by owner."""
     audit = [module for module in (sys.modules.get("cupti.cupti"),) if module is not None]
     modules = [
         (module, tuple(n for n, v in vars(module).items() if callable(v) and f"{module.__name__}.{n}" not in _UNWATCHED))
         for module in (*_WATCHED_MODULES, *audit)
     ]
-    tensor = tuple(n for n in dir(torch.Tensor) if hasattr(getattr_static(torch.Tensor, n), "__get__"))
-    return [*modules, (torch.Tensor, tensor)]
+    classes = [(cls, tuple(n for n in dir(cls) if hasattr(getattr_static(cls, n), "__get__"))) for cls in _WATCHED_CLASSES]
+    return [*modules, *classes]
 
 
 def aten_kernels() -> dict[str, str]:

@@ -98,8 +98,9 @@ def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
         ("harness.results.WorkloadResult.model_dump_json = lambda self, **kw: '{}'", "WorkloadResult.model_dump_json (added)"),
         ("__import__('builtins').any = lambda iterable: False", "builtins.any"),
         ("__import__('sys')._current_frames = lambda: {}", "sys._current_frames"),
+        ("torch.cuda.Event.__new__ = staticmethod(lambda cls, **kw: object())", "Event.__new__"),
     ],
-    ids=["a method", "a function's code", "a method over an inherited one", "a builtin the check itself calls", "threads hidden"],
+    ids=["method", "function's code", "method over an inherited one", "builtin the check calls", "threads hidden", "timer"],
 )
 def test_a_replaced_harness_function_or_method_is_caught_and_put_back(make_solution, patch: str, reported: str) -> None:
     sabotage = f"    import harness.correctness, harness.results, harness.reward_hacks\n    {patch}"
