@@ -428,8 +428,8 @@ def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if not frame.empty:
         for (slug, solution), paced in frame[frame.sustained_paced].groupby(["device", "solution"], sort=False):
-            tokens = ", ".join(str(t) for t in paced["T"])
-            errors.print(f"[yellow]note:[/yellow] {solution}'s sustained time on {slug} at T = {tokens} was paced by the "
+            where = ", ".join(f"#{i} (T = {t})" for i, t in zip(paced["index"], paced["T"]))
+            errors.print(f"[yellow]note:[/yellow] {solution}'s sustained time on {slug} at {where} was paced by the "
                          "harness's host (HARNESS_PACED): an upper bound", highlight=False)  # fmt: skip
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
     if frame.empty or missing:

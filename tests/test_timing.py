@@ -351,7 +351,7 @@ def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypa
     assert "HARNESS_PACED" in console.export_text()
     save(result, root.parent / "results" / "cpu" / "recording.json")
     compared = CliRunner().invoke(app, ["compare", "--results-dir", str(root.parent / "results"), "--format", "csv"])
-    note = f"recording's sustained time on cpu at T = {result.workloads[0].num_tokens} was paced by the harness's host"
+    note = f"recording's sustained time on cpu at #0 (T = {workload.num_tokens}) was paced by the harness's host"
     assert compared.exit_code == 0 and note in " ".join(compared.output.split())
 
 
