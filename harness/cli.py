@@ -433,10 +433,12 @@ def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[
                          "harness's host (HARNESS_PACED): an upper bound", highlight=False)  # fmt: skip
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
     if frame.empty or missing:
+        devices = sorted(p.name for p in results_dir.iterdir() if p.is_dir()) if results_dir.is_dir() else []
         fail(
             f"no {'results of ' + ', '.join(missing) if missing else 'result files'} under {results_dir}"
             + (f" for device {device}" if device else "")
             + (f" for suite {suite}" if suite else "")
+            + (f" (devices there: {', '.join(devices)})" if device and devices else "")
         )
     return frame
 

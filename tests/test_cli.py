@@ -135,6 +135,9 @@ def test_a_gpu_bench_under_cuda_launch_blocking_is_refused_in_one_line(monkeypat
 def test_compare_without_results(tmp_path: Path) -> None:
     result = invoke("compare", "--results-dir", str(tmp_path))
     assert result.exit_code == 2 and "no result files" in result.output
+    (tmp_path / "nvidia-h200").mkdir()
+    result = invoke("compare", "--results-dir", str(tmp_path), "--device", "h200")
+    assert result.exit_code == 2 and "for device h200 (devices there: nvidia-h200)" in " ".join(result.output.split())
 
 
 def test_compare_takes_solutions_joined_by_commas_and_names_the_missing() -> None:
