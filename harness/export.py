@@ -119,7 +119,9 @@ def _imports_reference(source: str) -> bool:
 def _require_complete(result: BenchResult, partial: bool) -> None:
     failed = [w for w in result.workloads if w.status is not Status.PASSED]
     if failed and not partial:
-        listed = ", ".join(f"#{w.index} {w.status.value}" for w in failed[:6])
+        listed = ", ".join(f"#{w.index} {w.status.value}" for w in failed[:6]) + (
+            f", {len(failed) - 6} more" if len(failed) > 6 else ""
+        )
         raise ExportError(
             f"'{result.solution.name}' passed {result.passed}/{len(result.workloads)} workloads ({listed}); "
             "pass --partial to export it anyway, marked as partial"
