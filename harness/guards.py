@@ -8,10 +8,10 @@
   recorded before and compared after: a solution that passes only by changing them (and thereby the reference) is
   caught. The global RNGs are not among them: the harness draws every input from generators of its own, so their
   state decides nothing.
-- Timing, synchronisation and harness functions, the methods of the harness's classes, and torch's functions and
-  tensor methods are compared by identity after every call (patching), and once more after each workload by a check
-  taken before the solution was imported, which also compares the kernels torch's dispatcher holds for every aten
-  operator (a kernel registered over torch's would compute the reference too).
+- Timing, synchronisation and harness functions, the methods of the harness's classes, the statistics and builtins it
+  computes with, and torch's functions and tensor methods are compared by identity after every call (patching), and
+  once more after each workload by a check taken before the solution was imported, which also compares the kernels
+  torch's dispatcher holds for every aten operator (a kernel registered over torch's would compute the reference too).
 - After a call returns, no thread may still run the solution's code, and every output must be a plain
   torch.Tensor (a subclass can compute lazily, when the checker reads it).
 """
@@ -101,7 +101,7 @@ def _thread_keys(included: bool) -> tuple[Callable[[], object], Callable[[object
 
     def restore(keys: object) -> None:
         for name in set(keys) ^ set(_keys(read())):
-            set_key(torch._C.DispatchKey.__members__[name], name in keys)
+            set_key(torch._C._parse_dispatch_key(name), name in keys)
 
     return (lambda: _keys(read())), restore
 
