@@ -29,6 +29,7 @@ from harness.correctness import check_outputs, compute_reference
 from harness.launch_audit import LaunchAudit
 from harness.registry import Solution
 from harness.results import OutputCheck, TrialReport, WorkloadResult
+from harness.spot_check import reference_disagreement
 from harness.status import Status
 from harness.timing import device_wait_after
 from harness.workloads import Workload
@@ -128,6 +129,7 @@ class CallEvidence:
     own_ms: float
     late_sightings: int
     changed_settings: list[str]
+    reference_disagreement: str  # where the reference was spot-checked (harness.spot_check): what disagreed, or ""
 
 
 def threads_still_running(e: CallEvidence) -> str:
@@ -158,6 +160,10 @@ def modified_inputs(e: CallEvidence) -> str:
     return f"modified inputs: {', '.join(mutated)}" if mutated else ""
 
 
+def changed_arithmetic(e: CallEvidence) -> str:
+    return e.reference_disagreement
+
+
 def subclass_outputs(e: CallEvidence) -> str:
     subclasses = guards.not_plain_tensors(e.produced)
     return f"outputs are tensor subclasses, not plain torch.Tensor: {', '.join(subclasses)}" if subclasses else ""
@@ -179,13 +185,14 @@ REWARD_HACK_CHECKS: tuple[Callable[[CallEvidence], str], ...] = (
     patched_functions,
     late_gpu_work,
     changed_settings,
+    changed_arithmetic,
     modified_inputs,
     subclass_outputs,
     aliased_outputs,
 )
 # The checks whose verdicts are on the process's state rather than on one call: the harness repairs the state, but
 # the solution stays marked for the rest of the run (it may have changed the state at import time).
-PROCESS_STATE_CHECKS = frozenset(check.__name__ for check in (patched_functions, changed_settings))
+PROCESS_STATE_CHECKS = frozenset(check.__name__ for check in (patched_functions, changed_settings, changed_arithmetic))
 
 
 def check_call(
@@ -197,13 +204,16 @@ def check_call(
     seed: int,
     pristine: guards.Pristine,
     late_work: LateWorkWatch,
+    *,
+    audit: bool = False,
 ) -> tuple[TrialReport, list[object]]:
     """One guarded call of the solution; returns the verdict and what the call produced.
 
     `pristine` holds the watched functions and numeric settings as they were before the solution was
     imported, so that a change made at import time is caught as surely as one made during a call. The reference
     is computed only after the call, from the inputs' snapshot: while the solution runs, no tensor in the process
-    holds the answer.
+    holds the answer. With `audit`, elements of the reference drawn at random are checked against float64 arithmetic
+    outside torch (harness.spot_check).
     """
     snapshot = guards.snapshot(inputs)
     settings = pristine.settings
@@ -236,13 +246,16 @@ def check_call(
         guards.restore_numeric_settings(settings)
         return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=describe_exception(exc)), []
 
-    evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
-                            late_work.sightings, guards.changed_settings(settings))  # fmt: skip
+    changed = guards.changed_settings(settings)
     guards.restore_numeric_settings(settings)
+    reference = compute_reference(snapshot)
+    disagreement = reference_disagreement(snapshot, reference) if audit else ""
+    evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
+                            late_work.sightings, changed, disagreement)  # fmt: skip
     for check in REWARD_HACK_CHECKS:
         if found := check(evidence):
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []
-    checks, status, message = check_outputs(workload, produced, compute_reference(snapshot))
+    checks, status, message = check_outputs(workload, produced, reference)
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 
 

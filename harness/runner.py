@@ -288,6 +288,7 @@ class Bench:
         trials: list[TrialReport] = []
         earlier: list[list[torch.Tensor]] = []
         late_work = LateWorkWatch()
+        audited = secrets.randbelow(self.options.trials)  # the trial whose reference is spot-checked (harness.spot_check)
         for trial in range(self.options.trials + LATE_WORK_RECHECKS):
             recheck = trial >= self.options.trials
             if recheck and late_work.sightings != 1:
@@ -300,7 +301,7 @@ class Bench:
             if near_duplicate:
                 redraw(inputs, "grad_output", trial_seed(self.options.seed, index, trial))
             report, produced = reward_hacks.check_call(
-                call, workload, inputs, output_pool[k], self.device, seed, self._pristine, late_work
+                call, workload, inputs, output_pool[k], self.device, seed, self._pristine, late_work, audit=trial == audited
             )
             replayed = next((j for j, old in enumerate(earlier) if produced and all(map(_same_bits, produced, old))), None)
             if replayed is not None:

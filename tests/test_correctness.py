@@ -251,8 +251,8 @@ def test_an_unconfirmed_late_work_sighting_adds_trials(make_solution, monkeypatc
     that leaves GPU work behind on alternate calls only meets the check again; none, no extra trials."""
     calls = []
 
-    def sighting_on_one_call(*args):
-        report, produced = check_call(*args)
+    def sighting_on_one_call(*args, **kwargs):
+        report, produced = check_call(*args, **kwargs)
         calls.append(report)
         if len(calls) == sighted_at:
             args[-1].confirm()
