@@ -416,12 +416,15 @@ class TimedCall:
         inputs = generate_inputs(dims, self.base_seed, device)
         return inputs, draw_sustained(inputs, self.seed, self.fresh_weights)
 
-    def verify(self, workload: Workload, device: torch.device) -> tuple[list[OutputCheck], Status, str]:
+    def verify(self, workload: Workload, device: torch.device, audit: bool = False) -> tuple[list[OutputCheck], Status, str]:
         """check_outputs of the call's outputs against the reference on its inputs drawn again; a sustained call's
         outputs where it drew fresh weight blocks must also lie nearer it than such a block moves it (stale_outputs),
-        or they are INCORRECT_NUMERICAL."""
+        or they are INCORRECT_NUMERICAL. With `audit`, the reference is spot-checked first (harness.spot_check): one
+        that disagrees is REWARD_HACK, with no output checked."""
         inputs, put_back = self._draw(workload.dims, device)
         reference = compute_reference(inputs)
+        if audit and (disagreement := reference_disagreement(inputs, reference)):
+            return [], Status.REWARD_HACK, disagreement
         checks, status, detail = check_outputs(workload, self.outputs, reference)
         if status is not Status.PASSED or not self.fresh_weights:
             return checks, status, detail
@@ -454,7 +457,8 @@ def verify_timed_outputs(
 ) -> None:
     """After timing: no timing saw late work as a habit (LATE_WORK_TIMED_SHARE); no timed call left an output
     element unwritten (or NaN); the sampled calls' outputs and those of the last call on each input set and at
-    fresh addresses match the reference; those last calls' inputs are unmodified."""
+    fresh addresses match the reference, one of those references spot-checked (harness.spot_check); those last calls'
+    inputs are unmodified."""
     habit = late_work_habit(result)
     if habit:
         result.status, result.message = Status.REWARD_HACK, habit
@@ -472,8 +476,13 @@ def verify_timed_outputs(
             result.status = Status.REWARD_HACK
             result.message = f"inputs modified during timing (seed {checked.seed}): {', '.join(mutated)}"
             return
-    for checked in [*device_checks.kept, *latency_checks.kept, *last]:
-        checks, status, detail = checked.verify(workload, device)
+    verified = [*device_checks.kept, *latency_checks.kept, *last]
+    audited = secrets.randbelow(len(verified))  # the call whose reference is spot-checked, as one trial's is
+    for k, checked in enumerate(verified):
+        checks, status, detail = checked.verify(workload, device, audit=k == audited)
+        if status is Status.REWARD_HACK:  # the reference spot-checked disagreed
+            result.status, result.message = status, f"timed call (seed {checked.seed}): {detail}"
+            return
         if status is not Status.PASSED:
             if any(grossly_wrong(check) for check in checks):
                 result.status = Status.REWARD_HACK

@@ -215,6 +215,21 @@ def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, exp
     assert "timed calls" in workload.message and wording in workload.message
 
 
+def test_a_timed_calls_reference_is_spot_checked_when_drawn(monkeypatch) -> None:
+    """A timed call's outputs checked against a reference whose products torch was made to zero (faked here) pass the
+    output check, as they would in a solution's process so changed; the spot check, which verify_timed_outputs runs on
+    one verified call drawn at random, names the reference instead."""
+    inputs = allocate_inputs(WORKLOAD.dims, torch.device("cpu"))
+    timed = redraw_in_place(inputs, allocate_outputs(WORKLOAD, torch.device("cpu")), WORKLOAD.dims, seed=21)
+    zeroed = list(reward_hacks.compute_reference(inputs))
+    zeroed[2:] = [torch.zeros_like(out) for out in zeroed[2:]]
+    monkeypatch.setattr(reward_hacks, "compute_reference", lambda inputs: tuple(zeroed))
+    timed.outputs = [out.clone() for out in zeroed]
+    assert timed.verify(WORKLOAD, torch.device("cpu"))[1] is Status.PASSED
+    _, status, detail = timed.verify(WORKLOAD, torch.device("cpu"), audit=True)
+    assert status is Status.REWARD_HACK and "float64 arithmetic outside torch" in detail and "grad_w1_weight[" in detail
+
+
 def test_no_input_the_harness_draws_depends_on_the_process_rng() -> None:
     """Trials' and timed calls' inputs (and the sustained timing's redraws) come from generators of the harness's own,
     seeded by it or by the OS's entropy: a solution that reseeds torch's or Python's global RNG, or reads their state,
