@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from inspect import getattr_static  # bound here: a solution that replaces inspect's cannot hide a method from the check
 from pathlib import Path
 
+import numpy
 import pydantic
 import torch
 from torch.utils import _python_dispatch
@@ -234,11 +235,11 @@ _WATCHED_PACKAGES = ("harness", "reference")
 # Modules watched whole (every function and class in them), and classes (every method, operator and property, their
 # constructors too): the CUDA events and streams that time the calls, the arithmetic of the timings' statistics (math,
 # statistics: replacing statistics.fmean would halve a reported time), the entropy of the timed calls' seeds
-# (secrets), and torch's, which the input draws, the reference and the output checks call (replacing
-# torch.Tensor.__matmul__ or torch.randn would change the reference or the inputs, for the solution's benefit).
-# torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is first used, and the harness never draws
-# from torch's global generator.
-_WATCHED_MODULES = (math, statistics, secrets, torch, torch.nn.functional)
+# (secrets), numpy, with which harness.spot_check checks the reference, and torch, which the input draws, the
+# reference and the output checks call (replacing torch.Tensor.__matmul__ or torch.randn would change the reference or
+# the inputs, for the solution's benefit). torch.manual_seed is left out: torch._dynamo wraps it when torch.compile is
+# first used, and the harness never draws from torch's global generator.
+_WATCHED_MODULES = (math, statistics, secrets, numpy, torch, torch.nn.functional)
 _WATCHED_CLASSES = (torch.Tensor, torch.cuda.Event, torch.cuda.Stream)
 _UNWATCHED = frozenset({"torch.manual_seed"})
 
