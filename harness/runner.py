@@ -441,7 +441,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001
             return GraphTiming(error="replay failed: " + describe_exception(exc))
         checked.outputs = produced
-        failure = checked.failure(workload, self.device)
+        failure = checked.failure(workload, self.device, audit=True)
         return GraphTiming(timing=timing, error=f"a last replay: {failure}" if failure else "")
 
     def _time_mixed_tokens(self, call: SolutionCaller, workload: Workload, seeds: Iterator[int]) -> MixedTokensTiming | None:
@@ -455,6 +455,7 @@ class Bench:
         fresh = FreshAddresses([*inputs.values(), *allocate_outputs(workload, self.device)], len(tokens) * rounds)
         del inputs
         verified = {t: 1 + secrets.randbelow(rounds - 1) for t in tokens}  # the timed round whose call is checked
+        audited = secrets.choice(tokens)  # the T whose checked call's reference is spot-checked (harness.spot_check)
         failures: dict[int, str] = {}
         current: dict[str, torch.Tensor] = {}
         buffers: list[torch.Tensor] = []
@@ -478,7 +479,7 @@ class Bench:
             t = tokens[i % len(tokens)]
             if i // len(tokens) == verified[t]:
                 drawn[0].outputs = list(buffers)
-                failure = drawn[0].failure(workload.model_copy(update={"num_tokens": t}), self.device)
+                failure = drawn[0].failure(workload.model_copy(update={"num_tokens": t}), self.device, audit=t == audited)
                 if failure:
                     failures[t] = failure
 
@@ -538,8 +539,10 @@ class Bench:
                 timed_call(k)
         except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
             return SustainedTiming(settle_s=settle_s, error="during the calls: " + describe_exception(exc))
-        for checked in [*checks.kept, *last]:
-            _, status, detail = checked.verify(workload, self.device)
+        verified = [*checks.kept, *last]
+        audited = secrets.randbelow(len(verified))  # the call whose reference is spot-checked (harness.spot_check)
+        for k, checked in enumerate(verified):
+            _, status, detail = checked.verify(workload, self.device, audit=k == audited)
             if status is not Status.PASSED:
                 error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
                 return SustainedTiming(settle_s=settle_s, settle_calls=run.settle_calls, error=error)

@@ -7,9 +7,9 @@ settings, kernels registered over torch's). This check knows none of them: whate
 whatever means, moves the reference away from float64 arithmetic on the same inputs, at elements the solution cannot
 foresee (drawn from the operating system's entropy). Torch only moves data here (copies and gathers); numpy computes.
 
-It costs a few tenths of a second at the public shapes (dh's rows need all of w2), so bench checks one trial per
-workload and one timed call's reference, each drawn at random: a solution whose outputs are wrong must move the
-reference on every call checked to pass, so one look at each stage is enough.
+It costs a few tenths of a second at the public shapes (dh's rows need all of w2), so bench checks the reference of one
+trial per workload and of one checked call per timing, each drawn at random: a solution whose outputs are wrong must
+move the reference on every call checked to pass, so one look at each stage is enough.
 """
 
 from __future__ import annotations
