@@ -118,5 +118,5 @@ def reference_disagreement(inputs: dict[str, torch.Tensor], reference: Sequence[
     if not wrong:
         return ""
     return (f"the float32 reference disagrees with float64 arithmetic outside torch at elements drawn at random "
-            f"({'; '.join(wrong[:4])}{f'; {len(wrong) - 4} more' if len(wrong) > 4 else ''}): torch computes otherwise "
-            "than when the harness started")  # fmt: skip
+            f"({'; '.join(wrong[:4])}{f'; {len(wrong) - 4} more' if len(wrong) > 4 else ''}): torch's arithmetic was "
+            "changed (or torch computes this reference wrongly here, which every solution would show)")  # fmt: skip
