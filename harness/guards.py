@@ -39,6 +39,29 @@ import pydantic
 import torch
 from torch.utils import _python_dispatch
 
+# Bytes of a known pattern on each side of every output buffer the harness passes: a multiple of 256, so that the
+# output keeps the alignment of the allocation it sits in.
+GUARD_BYTES = 4096
+GUARD_FILL = 0x5A
+
+
+def guarded_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An uninitialised tensor with GUARD_BYTES of GUARD_FILL on each side of it in the same allocation, so that a
+    kernel writing past either end of it changes them (written_guard_bands)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    buffer = torch.full((nbytes + 2 * GUARD_BYTES,), GUARD_FILL, dtype=torch.uint8, device=device)
+    return buffer[GUARD_BYTES : GUARD_BYTES + nbytes].view(dtype).view(tuple(shape))
+
+
+def written_guard_bands(tensor: torch.Tensor) -> list[str]:
+    """Which bands around a guarded_empty tensor no longer hold GUARD_FILL ("before its start", "past its end")."""
+    storage = tensor.untyped_storage()
+    if storage.nbytes() != tensor.nbytes + 2 * GUARD_BYTES or tensor.storage_offset() * tensor.itemsize != GUARD_BYTES:
+        return []  # not guarded (a solution's own tensor, or one it replaced)
+    buffer = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+    bands = {"before its start": buffer[:GUARD_BYTES], "past its end": buffer[GUARD_BYTES + tensor.nbytes :]}
+    return [where for where, band in bands.items() if bool((band != GUARD_FILL).any())]
+
 
 def poison(outputs: Sequence[torch.Tensor]) -> None:
     for out in outputs:

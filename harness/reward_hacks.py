@@ -255,6 +255,11 @@ def check_call(
     for check in REWARD_HACK_CHECKS:
         if found := check(evidence):
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []
+    written = [
+        f"{spec.name} ({', '.join(bands)})" for spec, out in zip(OUTPUTS, outputs) if (bands := guards.written_guard_bands(out))
+    ]
+    if written:  # a broken kernel, not a cheat: the memory around an output is the caller's
+        return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=f"wrote outside its outputs: {'; '.join(written)}"), []
     checks, status, message = check_outputs(workload, produced, reference)
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 

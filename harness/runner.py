@@ -128,7 +128,8 @@ def mixed_token_counts(dims: Dims, count: int = MIXED_TOKEN_COUNTS) -> list[int]
 
 
 def allocate_outputs(workload: Workload, device: torch.device) -> list[torch.Tensor]:
-    return [torch.empty(spec.concrete_shape(workload.dims), dtype=spec.dtype, device=device) for spec in OUTPUTS]
+    """The output buffers of a workload, each with guard bands around it (guards.guarded_empty)."""
+    return [guards.guarded_empty(spec.concrete_shape(workload.dims), spec.dtype, device) for spec in OUTPUTS]
 
 
 def _same_bits(a: object, b: torch.Tensor) -> bool:

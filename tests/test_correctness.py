@@ -61,6 +61,14 @@ SABOTAGE = {
     "tf32_by_the_newer_api": ("    torch.backends.fp32_precision = 'tf32'", Status.REWARD_HACK),  # older flags unreadable
     "autocast_left_on": ("    torch.set_autocast_enabled('cpu', True)", Status.REWARD_HACK),
     "crash": ("    raise RuntimeError('kernel exploded')", Status.RUNTIME_ERROR),
+    "write_past_the_end": (
+        "    torch.as_strided(grad_routing_weights, (1,), (1,), grad_routing_weights.storage_offset() + grad_routing_weights.numel()).fill_(1)",
+        Status.RUNTIME_ERROR,
+    ),
+    "write_before_the_start": (
+        "    torch.as_strided(grad_w2_weight, (1,), (1,), grad_w2_weight.storage_offset() - 1).fill_(1)",
+        Status.RUNTIME_ERROR,
+    ),
     "resized_output": ("    grad_w2_weight.resize_(3, 3)", Status.INCORRECT_SHAPE),
     "swapped_dtype": ("    grad_w1_weight.data = grad_w1_weight.data.float()", Status.INCORRECT_DTYPE),
     "transposed_layout": ("    grad_w2_weight.data = grad_w2_weight.data.t().contiguous().t()", Status.INCORRECT_SHAPE),
@@ -80,6 +88,8 @@ def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
     result = bench(root, case).run(SMOKE, [WORKLOAD])
     workload = result.workloads[0]
     assert workload.status is expected, workload.message
+    if case.startswith("write_"):
+        assert "wrote outside its outputs: grad_" in workload.message, workload.message
     if expected is Status.PASSED:
         assert workload.call_latency.n >= 2 and workload.device_time.n >= 2
         assert len(workload.trials) == 2
