@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from harness.guards import guarded_empty, written_guard_bands
 from harness.registry import get_solution
 from harness.runner import Bench, BenchOptions
 from harness.status import Status
@@ -334,9 +335,10 @@ def run_interpreted(
     plan=None,
 ):
     inputs = interpreted_inputs(dims, dtype)
-    outputs = [torch.full(spec.concrete_shape(dims), float("nan"), dtype=dtype) for spec in OUTPUTS]
+    outputs = [guarded_empty(spec.concrete_shape(dims), dtype, "cpu").fill_(float("nan")) for spec in OUTPUTS]
     plan = plan or small_plan(module, dx_split, epilogue_split, programs_per_sm)
     module.backward(*inputs.values(), *outputs, plan=plan, precise_dtype=precise)
+    assert {spec.name: written_guard_bands(out) for spec, out in zip(OUTPUTS, outputs) if written_guard_bands(out)} == {}
     expected = reference_backward_fp32(*inputs.values())
     return outputs, expected
 
