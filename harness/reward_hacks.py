@@ -195,6 +195,14 @@ REWARD_HACK_CHECKS: tuple[Callable[[CallEvidence], str], ...] = (
 PROCESS_STATE_CHECKS = frozenset(check.__name__ for check in (patched_functions, changed_settings, changed_arithmetic))
 
 
+def written_outside(outputs: list[torch.Tensor]) -> str:
+    """The outputs whose guard bands (guards.guarded_empty) a call wrote, and on which side, or ""."""
+    written = [
+        f"{spec.name} ({', '.join(bands)})" for spec, out in zip(OUTPUTS, outputs) if (bands := guards.written_guard_bands(out))
+    ]
+    return f"wrote outside its outputs: {'; '.join(written)}" if written else ""
+
+
 def check_call(
     call: SolutionCaller,
     workload: Workload,
@@ -255,11 +263,8 @@ def check_call(
     for check in REWARD_HACK_CHECKS:
         if found := check(evidence):
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []
-    written = [
-        f"{spec.name} ({', '.join(bands)})" for spec, out in zip(OUTPUTS, outputs) if (bands := guards.written_guard_bands(out))
-    ]
-    if written:  # a broken kernel, not a cheat: the memory around an output is the caller's
-        return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=f"wrote outside its outputs: {'; '.join(written)}"), []
+    if written := written_outside(outputs):  # a broken kernel, not a cheat: the memory around an output is the caller's
+        return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=written), []
     checks, status, message = check_outputs(workload, produced, reference)
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 

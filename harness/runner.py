@@ -66,6 +66,7 @@ from harness.reward_hacks import (
     describe_exception,
     draw_sustained,
     patched_message,
+    written_outside,
 )
 from harness.scoring import Baseline, Scorer
 from harness.status import Status, worst
@@ -348,6 +349,10 @@ class Bench:
             )
         except Exception as exc:  # noqa: BLE001 - a failure while timing is the solution's result
             result.status, result.message = Status.RUNTIME_ERROR, "during timing: " + describe_exception(exc)
+            return
+        written = next(filter(None, map(written_outside, output_pool)), "")  # many more inputs than the trials saw
+        if written:
+            result.status, result.message = Status.RUNTIME_ERROR, f"during the device-time calls: {written}"
             return
         if self.device.type == "cuda" and result.host.median_us > result.device_time.mean_us:
             result.flags.append("HOST_BOUND")

@@ -225,6 +225,19 @@ def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, exp
     assert "timed calls" in workload.message and wording in workload.message
 
 
+def test_a_write_outside_the_outputs_in_timing_alone_is_caught(make_solution) -> None:
+    """A kernel that writes past an output only on some inputs (here: from the third call on, after the trials) is
+    caught by a look at the guard bands after the device-time calls, which see many more inputs than the trials."""
+    end = "grad_routing_weights.storage_offset() + grad_routing_weights.numel()"
+    past_the_end = f"torch.as_strided(grad_routing_weights, (1,), (1,), {end}).fill_(1)"
+    body = TEMPLATE.format(sabotage=f"    CALLS.append(1)\n    if len(CALLS) > 2:\n        {past_the_end}")
+    root = make_solution("writes_later", body.replace("def run", "CALLS = []\n\ndef run"))
+    workload = bench(root, "writes_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert [t.status for t in workload.trials] == [Status.PASSED, Status.PASSED]
+    assert workload.status is Status.RUNTIME_ERROR, workload.message
+    assert workload.message == "during the device-time calls: wrote outside its outputs: grad_routing_weights (past its end)"
+
+
 def test_a_timed_calls_reference_is_spot_checked_when_drawn(monkeypatch) -> None:
     """A timed call's outputs checked against a reference whose products torch was made to zero (faked here) pass the
     output check, as they would in a solution's process so changed; the spot check, which verify_timed_outputs runs on
