@@ -1,6 +1,7 @@
 """What the harness does around every call of a solution so that a broken or cheating one cannot pass.
 
-- Outputs are poisoned with NaN before every call: an element the solution does not write fails.
+- Outputs are poisoned with NaN before every call: an element the solution does not write fails. They sit between
+  guard bands of a known byte: a write past either end of one fails.
 - Inputs are snapshotted before and compared bit for bit after: an in-place mutation fails. (A full
   copy is stronger than a checksum and the inputs are at most a few hundred MB.)
 - An output that shares memory with an input fails.
