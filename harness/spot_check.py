@@ -63,7 +63,8 @@ def expected_elements(
     def on_device(index: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(index).to(device)
 
-    ge = _f64(inputs["grad_output"][token_indices]) * _f64(inputs["selected_weights"])[:, None]  # T x H
+    g = _f64(inputs["grad_output"][token_indices])  # T x H
+    ge = g * _f64(inputs["selected_weights"])[:, None]
     rows = np.array(sorted(rng.sample(range(tokens), min(ROWS, tokens))), dtype=np.int64)
     hs, fs = picks(hidden), picks(ffn)
 
@@ -81,7 +82,7 @@ def expected_elements(
     gated = _f64(inputs["gated_output"][:, on_device(f2)])
     expected["grad_w2_weight"] = ((h2, f2), (ge[:, h2] * gated).sum(axis=0))
     # grad_routing_weights and grad_hidden_states at the drawn tokens' rows; dh's rows need all of w2.
-    routing = (_f64(inputs["grad_output"][on_device(idx[rows])]) * _f64(inputs["expert_output"][on_device(rows)])).sum(1)
+    routing = (g[rows] * _f64(inputs["expert_output"][on_device(rows)])).sum(1)
     expected["grad_routing_weights"] = ((idx[rows],), routing)
     dh_rows = np.zeros((rows.size, ffn))
     for start in range(0, hidden, W2_CHUNK):
