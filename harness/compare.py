@@ -242,10 +242,10 @@ def rich_table(frame: pd.DataFrame, title: str) -> Table:
     shown = frame.drop(columns=shared + (["failed"] if "passed" in frame else []))
     table = Table(title=title, show_lines=False)
     for column in shown.columns:
-        numeric = pd.api.types.is_numeric_dtype(shown[column])
         longest = max(len(_format(value)) for value in shown[column]) if column in NAME_COLUMNS else None
         header = TERMINAL_HEADERS.get(str(column), str(column))
-        table.add_column(header, justify="right" if numeric else "left", min_width=longest, overflow="fold")
+        # names to the left; figures, also as by_workload's text with a failed workload's status, to the right
+        table.add_column(header, justify="left" if column in NAME_COLUMNS else "right", min_width=longest, overflow="fold")
     for row in shown.itertuples(index=False):
         cells = []
         for value in row:
