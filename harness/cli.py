@@ -1,4 +1,4 @@
-"""The `harness` command: bench, list, compare, calibrate."""
+"""The `harness` command: bench, list, compare, plot, export, import-workloads, import-solution, calibrate."""
 
 from __future__ import annotations
 
@@ -577,6 +577,36 @@ def import_workloads_cmd(
     with file_errors():
         target.write_text(suite_yaml(suite))
     console.print(f"wrote {target} ({len(suite.workloads)} workloads)", highlight=False)
+
+
+@app.command("import-solution")
+def import_solution_cmd(
+    file: Annotated[Path, typer.Argument(help="a SOL-ExecBench solution.json of this problem")],
+    name: Annotated[Optional[str], typer.Option(help="the solution's name (default: the file's, in lower case)")] = None,
+    devices: Annotated[
+        str, typer.Option(help="where it can run, cpu and/or cuda joined by commas (where the file carries no manifest)")
+    ] = "cuda",
+    solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
+) -> None:
+    """Turn a SOL-ExecBench solution.json into a solution folder of ours, to bench it here."""
+    from harness.solexecbench import FormatError, import_solution
+
+    try:
+        imported = import_solution(file, name, joined_items([devices]))
+    except FormatError as exc:
+        fail(str(exc))
+    folder = solutions_dir / imported.spec.name
+    if folder.exists():
+        fail(f"{folder} exists: choose another --name, or remove it first")
+    with file_errors():
+        for relative, text in imported.files.items():
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).write_text(text)
+    for note in imported.notes:
+        console.print(f"note: {note}", highlight=False)
+    where = "" if solutions_dir == SOLUTIONS_DIR else f" --solutions-dir {solutions_dir}"
+    console.print(f"wrote {folder} ({len(imported.files)} files); run it with: harness bench --solution {imported.spec.name}"
+                  f"{where}", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 @app.command()

@@ -7,7 +7,6 @@ exported only when asked, marked partial.
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import math
 from pathlib import Path
@@ -21,15 +20,16 @@ from harness.provenance import REPO_ROOT
 from harness.registry import Solution, hash_sources
 from harness.results import BenchResult, WorkloadResult
 from harness.solexecbench import (
+    BuildSpec,
     Correctness,
     Environment,
     Evaluation,
     Performance,
-    SolutionOut,
-    SolutionSpecOut,
+    PublicSolution,
     SourceFile,
     TraceLine,
     WorkloadLine,
+    absolute_imports,
     definition,
     workload_jsonl,
 )
@@ -60,8 +60,9 @@ def custom_inputs(axes, device="cuda", seed=0):
     dims = Dims(axes["batch_seq_len"], axes["num_tokens"], axes.get("hidden_dim", HIDDEN_DIM), axes.get("ffn_dim", FFN_DIM))
     return generate_inputs(dims, seed, device)
 '''
-# Our solution languages as the public schema names them.
-PUBLIC_LANGUAGES = {"python": "pytorch", "triton": "triton", "cuda": "cuda_cpp"}
+# Our solution languages as the public schema names them. Not `cuda` (Python that builds CUDA code as it loads): the
+# evaluator compiles C++ languages with a build step of its own and blocks torch's extension builder in Python ones.
+PUBLIC_LANGUAGES = {"python": "pytorch", "triton": "triton"}
 
 
 class ExportError(ValueError):
@@ -103,17 +104,9 @@ def exported_sources(name: str, sources: dict[str, str]) -> list[SourceFile]:
     the entry point's file by its path, so relative imports between the sources resolve); and where a source imports
     the problem's `reference` package, the bundled reference beside them as the top-level `reference.py`."""
     files = [SourceFile(path=f"{name}/{path}", content=text) for path, text in sources.items()]
-    if any(path.endswith(".py") and _imports_reference(text) for path, text in sources.items()):
+    if any(path.endswith(".py") and "reference" in absolute_imports(text) for path, text in sources.items()):
         files.append(SourceFile(path="reference.py", content=bundled_reference_source()))
     return files
-
-
-def _imports_reference(source: str) -> bool:
-    return any(
-        (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "reference")
-        or (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "reference" for alias in node.names))
-        for node in ast.walk(ast.parse(source))
-    )
 
 
 def _require_complete(result: BenchResult, partial: bool) -> None:
@@ -394,6 +387,9 @@ def write_sol_execbench(
     result: BenchResult, solution: Solution, suite: Suite, results_dir: Path, device_slug: str, out_dir: Path, partial: bool
 ) -> list[Path]:
     """definition.json, workload.jsonl, solution.json and traces.jsonl under out_dir."""
+    if solution.spec.language not in PUBLIC_LANGUAGES:
+        raise ExportError(f"solution '{solution.name}' is written in {solution.spec.language}, which the public evaluator "
+                          "cannot take: it builds C++ solutions itself and blocks torch's extension builder in Python ones")  # fmt: skip
     _require_complete(result, partial)
     sources = measured_sources(result, solution)
     baselines = _compared(result, results_dir, device_slug).set_index("uuid").baseline_us
@@ -403,20 +399,20 @@ def write_sol_execbench(
     files = {
         "definition.json": definition(bundled_reference_source()).model_dump_json(indent=1, exclude_none=True),
         "workload.jsonl": workload_jsonl(suite),
-        "solution.json": SolutionOut(
+        "solution.json": PublicSolution(
             name=spec.name,
             definition=PUBLIC_ALIAS,
             author=spec.author,
             description=spec.description,
             sources=exported_sources(spec.name, sources),
-            spec=SolutionSpecOut(
+            spec=BuildSpec(
                 languages=[PUBLIC_LANGUAGES[spec.language]],
                 target_hardware=["LOCAL"],  # measured on an H200; the public enum names only B200
                 entry_point=f"{spec.name}/{spec.entry_point}",
                 destination_passing_style=spec.destination_passing_style,
                 dependencies=["torch"] + (["triton"] if spec.language == "triton" else []) + extra_requirements(spec.extra),
             ),
-        ).model_dump_json(indent=1),
+        ).model_dump_json(indent=1, exclude_none=True),
         "traces.jsonl": "".join(
             _trace(w, lines[w.uuid], result, float(baselines.get(w.uuid, math.nan))).model_dump_json(exclude_none=True) + "\n"
             for w in result.workloads

@@ -29,6 +29,8 @@ SOLUTIONS_DIR = Path(__file__).resolve().parent.parent / "solutions"
 MANIFEST = "solution.yaml"
 # A solution folder's subfolder for its development tools, which are not part of the solution (Solution.sources).
 TOOLS_FOLDER = "tools"
+# The files of a solution folder that are its sources: hashed into every result and carried by every export.
+SOURCE_SUFFIXES = frozenset({".py", ".yaml", ".c", ".cu", ".md"})
 SOLUTIONS_PACKAGE = "harness_solutions"
 
 
@@ -127,7 +129,7 @@ class Solution:
         files = sorted(
             path
             for path in self.folder.rglob("*")
-            if path.is_file() and path.suffix in {".py", ".yaml", ".c", ".cu", ".md"}
+            if path.is_file() and path.suffix in SOURCE_SUFFIXES
             and not {"__pycache__", TOOLS_FOLDER} & set(path.relative_to(self.folder).parts)
         )  # fmt: skip
         return {str(path.relative_to(self.folder)): path.read_text() for path in files}

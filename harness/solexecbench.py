@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import ast
 import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harness.registry import MANIFEST, SOURCE_SUFFIXES, SolutionSpec
 from harness.workloads import ManifestError, Suite, Workload
 from reference.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, INPUTS, OUTPUTS, PUBLIC_ALIAS
 
@@ -262,47 +266,187 @@ class SourceFile(BaseModel):
         return value
 
 
-# The public enums (v1.0.2): Python languages (pytorch, triton, cute_dsl, cutile, cudnn_frontend) and C++ ones.
-Language = Literal["pytorch", "triton", "cute_dsl", "cutile", "cudnn_frontend", "cutlass", "cudnn", "cublas", "cuda_cpp"]
+# The public enums (v1.0.2): Python languages, whose entry point the evaluator imports, and C++ ones, which its build
+# step compiles into a library it loads the entry point from.
+PythonLanguage = Literal["pytorch", "triton", "cute_dsl", "cutile", "cudnn_frontend"]
+CppLanguage = Literal["cutlass", "cudnn", "cublas", "cuda_cpp"]
 Hardware = Literal["B200", "LOCAL"]
 
 
-class SolutionSpecOut(BaseModel):
-    languages: list[Language] = Field(min_length=1)
+class BuildSpec(BaseModel):
+    languages: list[PythonLanguage | CppLanguage] = Field(min_length=1)
     target_hardware: list[Hardware] = Field(min_length=1)
-    entry_point: str = Field(pattern=r"^[^:]+\.py::[A-Za-z_][A-Za-z0-9_]*$")
-    destination_passing_style: bool
-    dependencies: list[str]
-    compile_options: dict[str, str] = {}
+    entry_point: str = Field(pattern=r"^[^:]+::[A-Za-z_][A-Za-z0-9_]*$", description="'<file>::<function>'")
+    destination_passing_style: bool = True
+    dependencies: list[str] = []
+    binding: Literal["torch"] | None = None
+    compile_options: dict[str, list[str]] | None = None
+
+    @property
+    def is_python(self) -> bool:
+        return all(language in get_args(PythonLanguage) for language in self.languages)
 
 
 def _imports_relatively(source: str) -> bool:
     return any(isinstance(node, ast.ImportFrom) and node.level > 0 for node in ast.walk(ast.parse(source)))
 
 
-class SolutionOut(BaseModel):
-    """solution.json, with the rules the public evaluator enforces: its entry point's file is among the sources, and
-    since it imports that file as a module named by its path, sources that import each other relatively must sit in
-    a package folder that the entry point names."""
+class PublicSolution(BaseModel):
+    """solution.json, with the rules the public evaluator enforces: Python and C++ languages are not mixed, a Python
+    solution's entry point is a Python file among the sources, and since the evaluator imports that file as a module
+    named by its path, sources that import each other relatively must sit in a package folder the entry point names."""
 
     name: str
     definition: str
     author: str
-    description: str
+    description: str | None = None
     sources: list[SourceFile] = Field(min_length=1)
-    spec: SolutionSpecOut
+    spec: BuildSpec
 
     @model_validator(mode="after")
-    def _entry_point_importable(self) -> SolutionOut:
+    def _entry_point_importable(self) -> PublicSolution:
+        languages = self.spec.languages
+        if not self.spec.is_python and any(language in get_args(PythonLanguage) for language in languages):
+            raise ValueError(f"languages {languages} mix Python and C++ ones, which the evaluator refuses")
         entry_file = self.spec.entry_point.split("::")[0]
         paths = [source.path for source in self.sources]
         if entry_file not in paths:
             raise ValueError(f"entry point file '{entry_file}' is not among the sources {paths}")
+        if not self.spec.is_python:
+            return self
+        if not entry_file.endswith(".py"):
+            raise ValueError(f"entry point file '{entry_file}' of a Python solution ({', '.join(languages)}) is not a .py file")
+        for source in self.sources:
+            if source.path.endswith(".py"):
+                try:
+                    ast.parse(source.content)
+                except SyntaxError as exc:
+                    raise ValueError(f"source '{source.path}' is not valid Python: {exc.msg} (line {exc.lineno})") from None
         relative = [s.path for s in self.sources if s.path.endswith(".py") and _imports_relatively(s.content)]
         if relative and "/" not in entry_file:
             raise ValueError(f"{', '.join(relative)} import relatively, so the entry point must name a package folder "
                              f"('<package>/{entry_file}'): the evaluator imports '{entry_file}' as a top-level module")  # fmt: skip
         return self
+
+
+def absolute_imports(source: str) -> set[str]:
+    """The top-level names of the modules a Python source imports absolutely."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+# The problem's reference, which our exports bundle beside a solution that imports it; the harness has its own.
+BUNDLED_REFERENCE = "reference.py"
+
+
+@dataclass
+class ImportedSolution:
+    spec: SolutionSpec
+    files: dict[str, str]  # relative path -> text, the manifest included
+    notes: list[str]  # what the user should know: files left out, dependencies to install
+
+
+def import_solution(path: Path, name: str | None, devices: list[str]) -> ImportedSolution:
+    """A SOL-ExecBench solution.json of this problem as a solution folder of ours: the sources, out of the package folder
+    the entry point names (the harness imports the folder as a package of its own), and a manifest, the one the sources
+    carry where they do (an export of ours comes back as it was measured, with the same code hashes) or one made from
+    the file's fields. Only Python entry points: the public evaluator compiles C++ solutions with a build step of its
+    own. `name` renames it; `devices` are those of a made manifest."""
+    try:
+        solution = _validated(path, PublicSolution, json.loads(path.read_text()))
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path}: not valid JSON: {exc}") from None
+    if solution.definition != PUBLIC_ALIAS:
+        raise FormatError(f"{path}: a solution of '{solution.definition}', not of this problem ('{PUBLIC_ALIAS}')")
+    if not solution.spec.is_python:
+        raise FormatError(f"{path}: a C++ solution ({', '.join(solution.spec.languages)}): the public evaluator compiles those "
+                          "with a build step of its own, which this harness does not have; only Python entry points import")  # fmt: skip
+    entry_file, function = solution.spec.entry_point.split("::")
+    files, notes = _package_sources(path, solution.sources, str(PurePosixPath(entry_file).parent))
+    entry_point, style = f"{PurePosixPath(entry_file).name}::{function}", solution.spec.destination_passing_style
+    if MANIFEST in files:
+        try:
+            manifest = yaml.safe_load(files[MANIFEST])
+        except yaml.YAMLError as exc:
+            raise FormatError(f"{path}: its {MANIFEST} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        fields = _validated(path, SolutionSpec, manifest, f"{MANIFEST}: ").model_dump()
+        if (fields["entry_point"], fields["destination_passing_style"]) != (entry_point, style):
+            raise FormatError(f"{path}: its {MANIFEST} names the entry point {fields['entry_point']} (destination-passing "
+                              f"style {fields['destination_passing_style']}), the file's spec {entry_point} ({style})")  # fmt: skip
+    else:
+        notes.append(f"it declares the dependencies {', '.join(solution.spec.dependencies) or '(none)'}: install any missing")
+        fields = {
+            "name": re.sub(r"[^a-z0-9_]+", "_", solution.name.lower()).strip("_"),
+            "description": solution.description or f"SOL-ExecBench solution '{solution.name}'.",
+            "author": solution.author,
+            "license": "not stated",
+            "language": "triton" if "triton" in solution.spec.languages else "python",
+            "devices": devices,
+            "entry_point": entry_point,
+            "destination_passing_style": style,
+        }
+    renamed = name is not None and name != fields["name"]
+    if renamed:
+        fields["name"] = name
+    spec = _validated(path, SolutionSpec, fields, f"{MANIFEST}: ")
+    if MANIFEST not in files or renamed:
+        files[MANIFEST] = yaml.safe_dump(spec.model_dump(exclude_defaults=True), sort_keys=False, width=120)
+    return ImportedSolution(spec, files, notes)
+
+
+def _validated(path: Path, model: type[BaseModel], data: object, within: str = ""):
+    """`model` validated from `data`, read from `path`; FormatError names the file, the field at fault and `within`
+    what."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = f"field '{'.'.join(map(str, first['loc']))}': " if first["loc"] else ""
+        raise FormatError(f"{path}: {within}{field}{first['msg']}") from None
+
+
+def _package_sources(path: Path, sources: list[SourceFile], package: str) -> tuple[dict[str, str], list[str]]:
+    """The sources by their paths inside the package folder (the top level where `package` is '.'), which must hold
+    them all, be of the kinds the harness hashes and import each other relatively; and notes for the user."""
+    prefix = "" if package == "." else package + "/"
+    files, notes = {}, []
+    for source in sources:
+        if prefix and source.path == BUNDLED_REFERENCE:
+            notes.append(f"left out {BUNDLED_REFERENCE}, the problem's bundled reference: the harness has its own")
+            continue
+        if not source.path.startswith(prefix):
+            raise FormatError(f"{path}: source '{source.path}' lies outside the entry point's package folder '{package}'")
+        files[source.path.removeprefix(prefix)] = source.content
+    unhashed = [p for p in files if PurePosixPath(p).suffix not in SOURCE_SUFFIXES]
+    if unhashed:
+        raise FormatError(f"{path}: sources {', '.join(unhashed)} are of a kind the harness neither hashes into results nor "
+                          f"exports (it takes {', '.join(sorted(SOURCE_SUFFIXES))})")  # fmt: skip
+    own = _top_level_modules(files) | ({package.split("/")[0]} if prefix else set())
+    for relative, text in files.items():
+        found = absolute_imports(text) & own if relative.endswith(".py") else set()
+        if found:
+            raise FormatError(f"{path}: {relative} imports {', '.join(sorted(found))} of its own sources absolutely; the harness "
+                              "imports a solution as a package, so write them as relative imports (from . import ...)")  # fmt: skip
+    return files, notes
+
+
+def _top_level_modules(paths: Iterable[str]) -> set[str]:
+    """The names under which a folder of these files' modules would be imported from the folder: its .py files' and its
+    subfolders'."""
+    names = set()
+    for path in map(PurePosixPath, paths):
+        if len(path.parts) > 1:
+            names.add(path.parts[0])
+        elif path.suffix == ".py":
+            names.add(path.stem)
+    return names
 
 
 class Correctness(BaseModel):

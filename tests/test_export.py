@@ -14,20 +14,24 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from harness.cli import app
 from harness.compare import load_frame
 from harness.export import ExportError, bundled_reference_source, exported_sources, leaderboard_record, write_sol_execbench
 from harness.provenance import REPO_ROOT
-from harness.registry import discover, get_solution
+from harness.registry import Solution, discover, get_solution, hash_sources
 from harness.results import RESULTS_DIR, load_result
 from harness.runner import MIXED_TOKEN_COUNTS
 from harness.solexecbench import (
     Definition,
     FormatError,
-    SolutionOut,
+    PublicSolution,
     TraceLine,
     definition,
+    import_solution,
     import_workloads,
     read_traces,
     read_workload_lines,
@@ -37,6 +41,7 @@ from harness.solexecbench import (
 from harness.status import Status
 from harness.workloads import load_named_suite, load_suite
 from reference import generate_inputs, reference_backward
+from reference.problem import PUBLIC_ALIAS
 
 PUBLIC_FILE = Path(__file__).resolve().parent / "data" / "sol-execbench-009-workload.jsonl"
 H200 = "nvidia-h200"
@@ -175,7 +180,7 @@ def test_sol_execbench_export(tmp_path: Path) -> None:
     assert (tmp_path / "workload.jsonl").read_text() == PUBLIC_FILE.read_text()
     definition = Definition.model_validate_json((tmp_path / "definition.json").read_text())
     assert definition.axes["hidden_dim"].value == 4096 and next(iter(definition.inputs)) == "grad_output"
-    solution = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
+    solution = PublicSolution.model_validate_json((tmp_path / "solution.json").read_text())
     assert solution.spec.destination_passing_style and solution.spec.entry_point == "triton_fused/solution.py::run"
     assert solution.spec.languages == ["triton"] and solution.spec.target_hardware == ["LOCAL"]
     traces = [TraceLine.model_validate_json(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
@@ -200,7 +205,7 @@ def test_a_solution_with_an_extra_exports_its_requirements(tmp_path: Path) -> No
     write_sol_execbench(
         h200_result("quack_dgated"), solution, load_named_suite("public"), RESULTS_DIR, H200, tmp_path, partial=False
     )
-    exported = SolutionOut.model_validate_json((tmp_path / "solution.json").read_text())
+    exported = PublicSolution.model_validate_json((tmp_path / "solution.json").read_text())
     assert exported.spec.dependencies == ["torch", "quack-kernels==0.6.5", "nvidia-cutlass-dsl[cu13]==4.7.0"]
     assert get_solution("triton_fused").spec.extra is None
 
@@ -313,17 +318,134 @@ def test_solution_holds_the_public_spec_rules(tmp_path: Path) -> None:
         partial=False,
     )
     good = json.loads((tmp_path / "solution.json").read_text())
-    SolutionOut.model_validate(good)
+    PublicSolution.model_validate(good)
     spec = good["spec"]
     for change, message in (
         ({"target_hardware": ["NVIDIA H200"]}, "target_hardware"),
         ({"languages": ["python"]}, "languages"),
         ({"entry_point": "solution.py"}, "entry_point"),
+        (
+            {"languages": ["triton", "cuda_cpp"]},
+            "mix Python and C",
+        ),
+        ({"entry_point": "triton_fused/replay.c::run"}, "is not a .py file"),
     ):
         with pytest.raises(ValidationError, match=message):
-            SolutionOut.model_validate({**good, "spec": {**spec, **change}})
+            PublicSolution.model_validate({**good, "spec": {**spec, **change}})
     flat = [{**source, "path": source["path"].split("/", 1)[1]} for source in good["sources"]]
     with pytest.raises(ValidationError, match="import relatively, so the entry point must name a package folder"):
-        SolutionOut.model_validate({**good, "sources": flat, "spec": {**spec, "entry_point": "solution.py::run"}})
+        PublicSolution.model_validate({**good, "sources": flat, "spec": {**spec, "entry_point": "solution.py::run"}})
     with pytest.raises(ValidationError, match="must be relative, without '..'"):
-        SolutionOut.model_validate({**good, "sources": [*good["sources"], {"path": "../escape.py", "content": "x = 1"}]})
+        PublicSolution.model_validate({**good, "sources": [*good["sources"], {"path": "../escape.py", "content": "x = 1"}]})
+    with pytest.raises(ValidationError, match="not valid Python"):
+        PublicSolution.model_validate(
+            {**good, "sources": [*good["sources"], {"path": "triton_fused/x.py", "content": "def f(:"}]}
+        )
+
+
+def test_cuda_solutions_are_not_exported(tmp_path: Path) -> None:
+    """The evaluator builds C++ languages itself and blocks torch's extension builder in Python ones."""
+    solution = get_solution("torch_eager")
+    cuda = Solution(solution.spec.model_copy(update={"language": "cuda"}), solution.folder)
+    with pytest.raises(ExportError, match="written in cuda, which the public evaluator cannot take"):
+        write_sol_execbench(h200_result("torch_eager"), cuda, load_named_suite("public"), RESULTS_DIR, H200, tmp_path, True)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", sorted(discover()))
+def test_exports_import_back_as_they_were_measured(tmp_path: Path, name: str) -> None:
+    """A submission of ours comes back as the folder it was exported from: the same sources (the bundled reference
+    left out: the harness has its own), so the same code hashes as the committed result."""
+    result = h200_result(name)
+    write_sol_execbench(result, get_solution(name), load_named_suite("public"), RESULTS_DIR, H200, tmp_path, partial=True)
+    imported = import_solution(tmp_path / "solution.json", None, ["cuda"])
+    assert imported.spec == get_solution(name).spec
+    assert imported.files == get_solution(name).sources()
+    assert hash_sources(imported.files) == result.solution.source_sha256
+    assert any("bundled reference" in note for note in imported.notes) == (name == "reference_fp32")
+
+
+def public_solution(**changes) -> dict:
+    """A solution.json as a SOL-ExecBench author writes one: a single file, the outputs returned."""
+    source = "from reference import reference_backward\n\ndef run(*inputs):\n    return reference_backward(*inputs)\n"
+    spec = {"languages": ["pytorch"], "target_hardware": ["B200"], "entry_point": "kernel.py::run",
+            "dependencies": ["torch"], "destination_passing_style": False}  # fmt: skip
+    return {"name": "Alice's-Kernel", "definition": PUBLIC_ALIAS, "author": "alice",
+            "sources": [{"path": "kernel.py", "content": source}], "spec": spec, **changes}  # fmt: skip
+
+
+def test_a_public_solution_imports_and_passes(tmp_path: Path) -> None:
+    (tmp_path / "solution.json").write_text(json.dumps(public_solution()))
+    imported = import_solution(tmp_path / "solution.json", None, ["cpu"])
+    assert imported.spec.name == "alice_s_kernel" and imported.spec.entry_point == "kernel.py::run"
+    assert not imported.spec.destination_passing_style and imported.spec.license == "not stated"
+    solutions = ("--solutions-dir", str(tmp_path / "solutions"))
+    cli = CliRunner()
+    written = cli.invoke(app, ["import-solution", str(tmp_path / "solution.json"), "--devices", "cpu", *solutions])
+    assert written.exit_code == 0 and "note: it declares the dependencies torch: install any missing" in written.output
+    assert "run it with: harness bench --solution alice_s_kernel --solutions-dir" in written.output
+    again = cli.invoke(app, ["import-solution", str(tmp_path / "solution.json"), *solutions])
+    assert again.exit_code == 2 and "alice_s_kernel exists: choose another --name" in again.output
+    bench = cli.invoke(app, ["bench", "-s", "alice_s_kernel", "--device", "cpu", "--suite", "smoke", "-w", "2", "--trials", "1",
+                             "--max-calls", "2", "--results-dir", str(tmp_path / "results"), *solutions])  # fmt: skip
+    assert bench.exit_code == 0 and "alice_s_kernel: passed 1/1" in bench.output, bench.output
+
+
+ABSOLUTE_SIBLING = [
+    {"path": "kernel.py", "content": "import helper\nrun = helper.run\n"},
+    {"path": "helper.py", "content": "def run(*x): pass\n"},
+]
+
+
+def _package(content: str, *extra: dict) -> dict:
+    return {"sources": [{"path": "pkg/kernel.py", "content": content}, *extra],
+            "spec": {**public_solution()["spec"], "entry_point": "pkg/kernel.py::run"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"definition": "rmsnorm_h4096"}, "a solution of 'rmsnorm_h4096', not of this problem"),
+        (
+            {"spec": {**public_solution()["spec"], "languages": ["cuda_cpp"], "entry_point": "kernel.py::run"}},
+            "a C\\+\\+ solution",
+        ),
+        ({"sources": ABSOLUTE_SIBLING}, "kernel.py imports helper of its own"),
+        (_package("import pkg.helper\n"), "kernel.py imports pkg of its own sources absolutely"),
+        (_package("x = 1\n", {"path": "other/x.py", "content": "x = 1\n"}), "'other/x.py' lies outside the entry point's"),
+        (_package("x = 1\n", {"path": "pkg/tiles.json", "content": "{}"}), "sources tiles.json are of a kind"),
+        (
+            _package("x = 1\n", {"path": "pkg/solution.yaml", "content": "name: pkg\n"}),
+            "solution.yaml: field 'description': Field required",
+        ),
+        ({"sources": [{"path": "kernel.py", "content": "def run(:"}]}, "is not valid Python"),
+        ({"spec": {"languages": ["pytorch"]}}, "field 'spec.target_hardware': Field required"),
+        ({"name": 7}, "field 'name': Input should be a valid string"),
+        (_package("x = 1\n", {"path": "pkg/solution.yaml", "content": "name: [pkg\n"}), "its solution.yaml is not valid YAML"),
+        (
+            _package("x = 1\n", {"path": "pkg/solution.yaml", "content": "pkg\n"}),
+            "solution.yaml: Input should be a valid dictionary",
+        ),
+    ],
+)
+def test_import_refuses_what_the_harness_cannot_bench(tmp_path: Path, changes: dict, message: str) -> None:
+    (tmp_path / "solution.json").write_text(json.dumps(public_solution(**changes)))
+    with pytest.raises(FormatError, match=message):
+        import_solution(tmp_path / "solution.json", None, ["cuda"])
+
+
+def test_import_keeps_a_carried_manifest_only_as_it_matches(tmp_path: Path) -> None:
+    write_sol_execbench(h200_result("torch_eager"), get_solution("torch_eager"), load_named_suite("public"), RESULTS_DIR,
+                        H200, tmp_path, partial=True)  # fmt: skip
+    path = tmp_path / "solution.json"
+    assert import_solution(path, "torch_eager", ["cuda"]).files == get_solution("torch_eager").sources()
+    renamed = import_solution(path, "eager_copy", ["cuda"])
+    assert renamed.spec == get_solution("torch_eager").spec.model_copy(update={"name": "eager_copy"})
+    assert yaml.safe_load(renamed.files["solution.yaml"])["name"] == "eager_copy"
+    with pytest.raises(FormatError, match="solution.yaml: field 'name': String should match pattern"):
+        import_solution(path, "Eager", ["cuda"])
+    exported = json.loads(path.read_text())
+    exported["spec"]["destination_passing_style"] = False
+    path.write_text(json.dumps(exported))
+    with pytest.raises(FormatError, match="names the entry point solution.py::run .destination-passing style True."):
+        import_solution(path, None, ["cuda"])
