@@ -123,7 +123,8 @@ class TrialReport(BaseModel):
 # launch audit on this workload, or NVML did not list the solution's process (harness.launch_audit), so work issued
 # outside the calls would have gone unseen. HARNESS_PACED: in the sustained timing the solution's host issued a call
 # faster than the GPU runs it, but not together with the harness's work between the calls (SustainedTiming): the GPU
-# waited for the harness, and the sustained time is an upper bound set by this machine's host.
+# had run the previous call before most calls started, waiting for the harness, and the sustained time is an upper
+# bound set by this machine's host.
 Flag = Literal["HOST_BOUND", "NOT_AUDITED", "HARNESS_PACED"]
 
 
@@ -151,6 +152,10 @@ class MixedTokensTiming(BaseModel):
     error: str = ""
 
 
+# HARNESS_PACED: the share of a sustained timing's calls that found the GPU's queue empty, above which it is flagged.
+PACED_SHARE = 0.5
+
+
 class SustainedTiming(BaseModel):
     """`bench --sustained`: the time per call with the calls back to back and never a pause, as a training step keeps
     the GPU busy (timing.time_sustained): the calls rotate over the input sets, grad_output drawn anew and the L2
@@ -171,13 +176,23 @@ class SustainedTiming(BaseModel):
     harness_host_us: float = Field(
         0.0, description="on a GPU: the harness's host time per timed call between the calls (draws, flush, events, checks)"
     )
+    drained_share: float | None = Field(
+        None, description="on a GPU: the share of timed calls before whose start the GPU had already run the previous call"
+    )
     error: str = ""
 
     def harness_paced(self, device_us: float) -> bool:
         """The HARNESS_PACED flag: the solution's host issued a call faster than the GPU runs it (`device_us`, its device
-        time), and with the harness's work beside it did not keep up with the calls. Against the device time, not the
-        sustained mean: a host-bound solution's calls end soon after its last launch, so their mean is its own pace."""
-        return self.timing is not None and self.host_us < device_us and self.host_us + self.harness_host_us >= self.timing.mean_us
+        time), yet before most calls the GPU had run the previous one: it waited for the harness's work between them.
+        Against the device time, not the sustained mean: a host-bound solution's calls end soon after its last launch,
+        so their mean is its own pace. Not by the host times alone: a host that runs ahead blocks in its launches once
+        the GPU's queue is full, and that wait counts in them as if it were work."""
+        return (
+            self.timing is not None
+            and self.host_us < device_us
+            and self.drained_share is not None
+            and self.drained_share > PACED_SHARE
+        )
 
 
 class TimedChecks(BaseModel):

@@ -558,6 +558,7 @@ class Bench:
             timing=run.timing,
             host_us=run.host_us,
             harness_host_us=run.harness_host_us,
+            drained_share=run.drained_share,
         )
 
 

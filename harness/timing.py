@@ -358,14 +358,16 @@ def keep_busy(calls: Sequence[Callable[[], object]], seconds: float, device: tor
 @dataclass(frozen=True)
 class SustainedRun:
     """What time_sustained measured: the timing, the untimed settle calls before it, and, on a GPU, the host's busy time
-    per timed call (its clock less its waits for the device) split into the calls' own issue time and the rest, the
-    harness's work between the calls (prepare, L2 flush, events, `after`). Where the two together reach the time per
-    call, the GPU waited for the host and the timing is the host's pace."""
+    per timed call (its clock less its waits for events) split into the calls' own issue time and the rest, the
+    harness's work between the calls (prepare, L2 flush, events, `after`), both including any time the host spent
+    blocked in a launch while the GPU's queue was full; and the share of timed calls before whose start the GPU had
+    already run the previous call, its queue empty while the host prepared the call: the GPU waited for the host."""
 
     timing: TimingStats
     settle_calls: int
     host_us: float = 0.0
     harness_host_us: float = 0.0
+    drained_share: float | None = None
 
 
 def time_sustained(
@@ -406,6 +408,15 @@ def time_sustained(
         call(k)
         call_seconds += _clock() - began
 
+    ends: list[torch.cuda.Event] = []  # the last call's end event
+    looks = [0, 0]  # calls looked at, and of them those before which the GPU had run the previous call
+
+    def flush_and_look() -> None:
+        flush()
+        if ends:  # the GPU's progress seen the moment the call is to start: immune to the host's waits on a full queue
+            looks[0] += 1
+            looks[1] += ends[0].query()
+
     # Batch b records the events of ring[b % len(ring)]: the host reads a timed batch's events before it is more than
     # BATCHES_AHEAD batches ahead of it, so a batch's events are read before they are recorded again (a settle batch's
     # are never read).
@@ -415,7 +426,8 @@ def time_sustained(
         nonlocal made
         events = ring[made // config.batch_calls % len(ring)]
         for pair in events:
-            _timed_call(issued, prepare, flush, made, input_sets, pair)
+            _timed_call(issued, prepare, flush_and_look, made, input_sets, pair)
+            ends[:] = [pair[1]]
             after(made)
             made += 1
         return events
@@ -426,7 +438,7 @@ def time_sustained(
         queued.append(batch())
         if len(queued) > BATCHES_AHEAD:
             _event_synchronize(queued.popleft()[-1][1])
-    settle_calls, timed = made, deque()
+    settle_calls, timed, looks[:] = made, deque(), [0, 0]
     samples: list[float] = []
     started, waited, call_seconds = _clock(), 0.0, 0.0
     while True:
@@ -449,7 +461,9 @@ def time_sustained(
     charge = _late_charge(device_wait_after(last_end), _idle_wait(), sum(own), len(own))
     samples[-len(own) :] = [t + charge / len(own) for t in own]
     timing = TimingStats.from_samples(samples, "cuda_events", 0, input_sets, _late_work([charge]))
-    return SustainedRun(timing, settle_calls, call_seconds / calls * 1e6, (busy - call_seconds) / calls * 1e6)
+    return SustainedRun(
+        timing, settle_calls, call_seconds / calls * 1e6, (busy - call_seconds) / calls * 1e6, looks[1] / max(looks[0], 1)
+    )
 
 
 def _time_cpu(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -227,6 +228,7 @@ class _FakeEvent:
 
     recorded: ClassVar[list[_FakeEvent]] = []
     read: ClassVar[list[int]] = []  # the numbers of the start events read, in order
+    drained: ClassVar[bool] = False  # what query() answers: whether the GPU has run the event
 
     def __init__(self, enable_timing: bool = False) -> None:
         self.number = -1
@@ -239,12 +241,16 @@ class _FakeEvent:
         self.read.append(self.number)
         return 1.0 if self.number % 4 == 0 else 3.0
 
+    def query(self) -> bool:
+        return self.drained
+
 
 def _fake_cuda(monkeypatch: pytest.MonkeyPatch, synchronize: Callable[[_FakeEvent], None]) -> None:
     """time_sustained's CUDA calls faked: events of _FakeEvent's times, `synchronize` for the host's wait on one."""
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(_FakeEvent, "recorded", [])
     monkeypatch.setattr(_FakeEvent, "read", [])
+    monkeypatch.setattr(_FakeEvent, "drained", False)
     monkeypatch.setattr(timing, "L2Flusher", lambda device: lambda: None)
     monkeypatch.setattr(timing, "_event_synchronize", synchronize)
     monkeypatch.setattr(timing, "device_wait_after", lambda event: 0.0)
@@ -272,10 +278,12 @@ def test_sustained_timing_never_waits_for_the_latest_batches(monkeypatch: pytest
     assert len(set(_FakeEvent.recorded)) < len(_FakeEvent.recorded)
 
 
-def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("drained", [False, True])
+def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(monkeypatch, drained: bool) -> None:
     """time_sustained's GPU path (faked, on a fake host clock) counts the calls' own host time apart from the rest of
-    the host's busy time, its waits for the device left out; where the two together reach the time per call and the
-    calls alone do not, the sustained timing is HARNESS_PACED."""
+    the host's busy time, its waits for events left out, and asks the GPU, as each timed call is to start, whether it
+    has run the previous call: where it had on most calls and the calls' host time alone is under the device time,
+    the sustained timing is HARNESS_PACED; the host times alone decide nothing (they hold its waits on a full queue)."""
     now = [0.0]
 
     def spend(seconds: float) -> None:
@@ -283,14 +291,34 @@ def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(mo
 
     monkeypatch.setattr(timing, "_clock", lambda: now[0])
     _fake_cuda(monkeypatch, lambda event: spend(0.004))
+    monkeypatch.setattr(_FakeEvent, "drained", drained)
     config = TimingConfig(min_calls=4, max_calls=20, batch_calls=2)
     run = timing.time_sustained(lambda k: spend(0.0015), lambda k: spend(0.001), 3, torch.device("cuda"), config, 0.01)
     assert run.host_us == pytest.approx(1500.0) and run.harness_host_us == pytest.approx(1000.0)
-    paced = SustainedTiming(settle_s=0.01, timing=run.timing, host_us=run.host_us, harness_host_us=run.harness_host_us)
-    assert run.timing.mean_us == 2000.0 and paced.harness_paced(device_us=2000.0)
-    assert not paced.model_copy(update={"harness_host_us": 400.0}).harness_paced(2000.0)  # the host kept ahead of the GPU
+    assert run.drained_share == (1.0 if drained else 0.0)
+    paced = SustainedTiming(settle_s=0.01, timing=run.timing, host_us=run.host_us, harness_host_us=run.harness_host_us,
+                            drained_share=run.drained_share)  # fmt: skip
+    assert run.timing.mean_us == 2000.0 and paced.harness_paced(device_us=2000.0) == drained
     # the solution's own pace (HOST_BOUND): its calls' mean follows its host, a little above it
     assert not paced.model_copy(update={"host_us": 1900.0}).harness_paced(device_us=1500.0)
+    assert not paced.model_copy(update={"drained_share": None}).harness_paced(device_us=2000.0)  # on a CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("harness_ms", [0.0, 3.0])
+def test_the_gpu_waiting_for_the_harness_is_seen_on_the_gpu(harness_ms: float) -> None:
+    """Calls of 2 ms on the GPU, issued in microseconds: the host runs ahead and the GPU never waits for it, unless the
+    harness's work before each call (a sleep here) outlasts the call; then the GPU has run the previous call before
+    every start, and the sustained timing is HARNESS_PACED."""
+    cycles = int(2e-3 * timing.SPIN_CYCLES_PER_SECOND)  # at least 2 ms at the H200's clocks
+    run = time_sustained(lambda k: torch.cuda._sleep(cycles), lambda k: time.sleep(harness_ms / 1e3), 2,
+                         torch.device("cuda"), FAST, 0.05)  # fmt: skip
+    sustained = SustainedTiming(settle_s=0.05, timing=run.timing, host_us=run.host_us, drained_share=run.drained_share)
+    assert run.host_us < 100 and run.timing.mean_us > 1000
+    if harness_ms:
+        assert run.drained_share > 0.9 and sustained.harness_paced(device_us=run.timing.mean_us)
+    else:
+        assert run.drained_share < 0.1 and not sustained.harness_paced(device_us=run.timing.mean_us)
 
 
 @pytest.mark.gpu
@@ -336,7 +364,7 @@ def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypa
 
     def paced(*args, **kwargs) -> timing.SustainedRun:
         run = time_sustained(*args, **kwargs)
-        return replace(run, host_us=0.5 * run.timing.mean_us, harness_host_us=0.6 * run.timing.mean_us)
+        return replace(run, host_us=0.5 * run.timing.mean_us, harness_host_us=0.6 * run.timing.mean_us, drained_share=0.8)
 
     monkeypatch.setattr(runner, "time_sustained", paced)
     root = make_solution("recording", RECORDING)
