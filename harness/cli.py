@@ -419,6 +419,26 @@ def list_cmd(
     console.print(table)
 
 
+def pacing_notes(frame) -> list[str]:
+    """A line per solution and device whose sustained time some workloads flag HARNESS_PACED, naming those workloads,
+    or, where they are most of many, the others."""
+
+    def named(rows) -> str:
+        return ", ".join(f"#{i} (T = {t})" for i, t in zip(rows["index"], rows["T"]))
+
+    notes = []
+    for (slug, solution), rows in frame.groupby(["device", "solution"], sort=False):
+        paced, others = rows[rows.sustained_paced], rows[~rows.sustained_paced]
+        if paced.empty:
+            continue
+        where = named(paced)
+        if len(paced) > max(4, len(others)):
+            where = f"{len(paced)} of its {len(rows)} workloads" + (f" (all but {named(others)})" if len(others) else "")
+        notes.append(f"{solution}'s sustained time on {slug} at {where} was paced by the harness's host (HARNESS_PACED): "
+                     "an upper bound")  # fmt: skip
+    return notes
+
+
 def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
     """The result frame of the chosen solutions (names repeated or joined by commas, as bench takes them); a solution
     asked for without results is an error, not a row left out."""
@@ -427,10 +447,8 @@ def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if not frame.empty:
-        for (slug, solution), paced in frame[frame.sustained_paced].groupby(["device", "solution"], sort=False):
-            where = ", ".join(f"#{i} (T = {t})" for i, t in zip(paced["index"], paced["T"]))
-            errors.print(f"[yellow]note:[/yellow] {solution}'s sustained time on {slug} at {where} was paced by the "
-                         "harness's host (HARNESS_PACED): an upper bound", highlight=False)  # fmt: skip
+        for note in pacing_notes(frame):
+            errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
     if frame.empty or missing:
         devices = sorted(p.name for p in results_dir.iterdir() if p.is_dir()) if results_dir.is_dir() else []

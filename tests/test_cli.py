@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from harness import compare as comparing
-from harness.cli import app
+from harness.cli import app, pacing_notes
 from harness.registry import discover
 from harness.results import RESULTS_DIR
 from tests.conftest import HAS_CUDA, ONE_SHAPE, WRONG_WHEN_WARM
@@ -455,3 +455,16 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
     assert list(rows.columns[-3:]) == ["triton_fused latency_us", "triton_fused public_us", "triton_fused sustained_us"]
     frame = comparing.load_frame(tmp_path).query("solution == 'triton_fused'")
     assert rows["triton_fused sustained_us"].tolist() == pytest.approx(frame.sustained_us.tolist(), abs=0.1)
+
+
+def test_pacing_notes_name_the_fewer_workloads() -> None:
+    """A note per solution with HARNESS_PACED workloads: naming them, or, where they are most of many, the others."""
+    rows = [("a", i, 64 * (i + 1), i < 2) for i in range(8)] + [("b", i, 64, i != 3) for i in range(8)]
+    rows += [("c", i, 64, True) for i in range(6)] + [("d", 0, 64, False)]
+    frame = pd.DataFrame(rows, columns=["solution", "index", "T", "sustained_paced"]).assign(device="h200")
+    tail = " was paced by the harness's host (HARNESS_PACED): an upper bound"
+    assert pacing_notes(frame) == [
+        "a's sustained time on h200 at #0 (T = 64), #1 (T = 128)" + tail,
+        "b's sustained time on h200 at 7 of its 8 workloads (all but #3 (T = 64))" + tail,
+        "c's sustained time on h200 at 6 of its 6 workloads" + tail,
+    ]
