@@ -486,6 +486,9 @@ def compare_cmd(
     ] = "latency_us",
     fmt: Annotated[str, typer.Option("--format", help="table, csv or markdown")] = "table",
     suite: SuiteOption = None,
+    against: Annotated[
+        Optional[Path], typer.Option(help="an earlier run's results folder: each workload's --value now, then and the change")
+    ] = None,
 ) -> None:
     """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""
     if fmt not in ("table", "csv", "markdown"):
@@ -494,7 +497,12 @@ def compare_cmd(
     if not values or any(v not in BY_WORKLOAD_VALUES for v in values):
         fail(f"--value must be one or more of {', '.join(BY_WORKLOAD_VALUES)} joined by commas, got '{value}'")
     frame = load_results_or_fail(results_dir, device, solution, suite)
-    if by_workload:
+    if against is not None:
+        table = comparing.changes(frame, load_results_or_fail(against, device, solution, suite), values)
+        if table.empty:
+            fail(f"no workload of the same device, suite and solution in both {results_dir} and {against}")
+        comparing.render(table, fmt, f"{', '.join(values)}: now, in {against} and the change", console)
+    elif by_workload:
         comparing.render(comparing.by_workload(frame, values), fmt, f"{', '.join(values)} per workload", console)
     else:
         comparing.render(

@@ -26,6 +26,7 @@ from harness.results import (
     MixedTokensTiming,
     ResultsError,
     SustainedTiming,
+    TimingStats,
     find_results,
     load_result,
 )
@@ -69,7 +70,9 @@ def load_frame(
                     "T": w.num_tokens,
                     "status": w.status.value,
                     "latency_us": w.latency_us,
+                    "latency_ci_us": _half_width(w.call_latency),
                     "device_us": w.device_us,
+                    "device_ci_us": _half_width(w.device_time),
                     "host_us": w.host.median_us if w.host else None,
                     "floor_us": w.launch_floor.latency_us if w.launch_floor else None,
                     "lead_in_us": _lead_in(w.kernels),
@@ -80,8 +83,10 @@ def load_frame(
                     "pct_sol_measured": w.percent_of_sol_measured,
                     "public_us": public.get(w.uuid, math.nan),
                     "mixed_us": _optional_mean(w.mixed_tokens),
+                    "mixed_ci_us": _half_width(w.mixed_tokens.timing if w.mixed_tokens else None),
                     "mixed_failed": bool(w.mixed_tokens and w.mixed_tokens.error),
                     "sustained_us": _optional_mean(w.sustained),
+                    "sustained_ci_us": _half_width(w.sustained.timing if w.sustained else None),
                     "sustained_failed": bool(w.sustained and w.sustained.error),
                     "sustained_paced": "HARNESS_PACED" in w.flags,
                 }
@@ -105,6 +110,11 @@ def _optional_mean(timing: MixedTokensTiming | SustainedTiming | None) -> float:
     """The mean of a timing bench makes when asked (--mixed-tokens: call latency with T changing every call;
     --sustained: time per call with the calls back to back); NaN where not timed or failed."""
     return timing.timing.mean_us if timing and timing.timing else math.nan
+
+
+def _half_width(stats: TimingStats | None) -> float:
+    """The half-width of a timing's 95% confidence interval of its mean; NaN where not timed."""
+    return stats.ci95_high_us - stats.mean_us if stats else math.nan
 
 
 def public_latencies(path: Path) -> dict[str, float]:
@@ -197,6 +207,35 @@ def by_workload(frame: pd.DataFrame, values: tuple[str, ...] = ("latency_us",)) 
     table = table[[(value, solution) for solution in solutions for value in values]]  # the values in the order asked
     table.columns = solutions if len(values) == 1 else [f"{solution} {value}" for value, solution in table.columns]
     return table.reset_index()
+
+
+# The values whose timings give a 95% interval of their mean, by the frame's column of its half-width.
+HALF_WIDTHS = {"latency_us": "latency_ci_us", "device_us": "device_ci_us", "mixed_us": "mixed_ci_us",
+               "sustained_us": "sustained_ci_us"}  # fmt: skip
+
+
+def changes(frame: pd.DataFrame, earlier: pd.DataFrame, values: tuple[str, ...] = ("latency_us",)) -> pd.DataFrame:
+    """Each workload that both runs hold (device, suite, solution and uuid alike): each value now, in the earlier run
+    and the change, which for a timing is `beyond CI` where it exceeds the two runs' 95% half-widths combined (their
+    noise within each run: two runs on other machines or days differ more, most in call latency, whose host part
+    moves with the machine's host; the launch floor shows by how much); then a row per solution of the means over the
+    workloads both runs passed. A workload's status reads "earlier -> now" where it changed."""
+    keys = ["device", "suite", "solution", "uuid"]
+    both = frame.merge(earlier, on=keys, suffixes=("", "_earlier")).sort_values(["device", "solution", "index"])
+    table = both[["device", "solution", "index", "B", "T"]].astype({"index": object, "B": object, "T": object})
+    table["status"] = [s if s == e else f"{e} -> {s}" for s, e in zip(both.status, both.status_earlier)]
+    for value in values:
+        now, before = both[value].astype(float), both[f"{value}_earlier"].astype(float)
+        table[value], table[f"{value} earlier"], table[f"{value} change"] = now, before, now - before
+        if value in HALF_WIDTHS:
+            noise = (both[HALF_WIDTHS[value]] ** 2 + both[f"{HALF_WIDTHS[value]}_earlier"] ** 2) ** 0.5
+            beyond = ((now - before).abs() > noise).map({True: "yes", False: "no"})
+            table[f"{value} beyond CI"] = beyond.where((now - before).notna() & noise.notna(), "-")
+    groups = table[table.status == Status.PASSED.value].groupby(["device", "solution"], sort=False)
+    summary = groups[[c for c in table.columns if c.startswith(values) and not c.endswith("CI")]].mean().reset_index()
+    summary["index"], summary["B"], summary["T"] = "mean", "", ""
+    summary["status"] = [f"{n} passed in both" for n in groups.size()]
+    return pd.concat([table, summary], ignore_index=True).fillna({c: "" for c in table.columns if c.endswith("CI")})
 
 
 def _format(value: object) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from typer.testing import CliRunner
 from harness import compare as comparing
 from harness.cli import app, pacing_notes
 from harness.registry import discover
-from harness.results import RESULTS_DIR
+from harness.results import RESULTS_DIR, load_result, save
+from harness.status import Status
 from tests.conftest import HAS_CUDA, ONE_SHAPE, WRONG_WHEN_WARM
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file
@@ -468,3 +470,28 @@ def test_pacing_notes_name_the_fewer_workloads() -> None:
         "b's sustained time on h200 at 7 of its 8 workloads (all but #3 (T = 64))" + tail,
         "c's sustained time on h200 at 6 of its 6 workloads" + tail,
     ]
+
+
+def test_compare_against_an_earlier_run(tmp_path: Path) -> None:
+    """Each workload both runs hold, now, then and the change, beyond the runs' 95% intervals or not, and the means over
+    the workloads both passed."""
+    earlier = tmp_path / "earlier"
+    shutil.copytree(RESULTS_DIR / "nvidia-h200", earlier / "nvidia-h200")
+    shutil.copytree(RESULTS_DIR / "nvidia-h200", tmp_path / "now" / "nvidia-h200")
+    path = tmp_path / "now" / "nvidia-h200" / "triton_fused.json"
+    result = load_result(path)
+    slower = result.workloads[3].device_time
+    shifted = {name: getattr(slower, name) + 50.0 for name in ("mean_us", "ci95_low_us", "ci95_high_us")}
+    result.workloads[3].device_time = slower.model_copy(update=shifted)
+    result.workloads[5].status = Status.INCORRECT_NUMERICAL
+    save(result, path)
+    args = ("compare", "--results-dir", str(tmp_path / "now"), "--against", str(earlier), "-s", "triton_fused")
+    table = pd.read_csv(io.StringIO(invoke(*args, "--value", "device_us", "--format", "csv").stdout), keep_default_na=False)
+    rows = table.set_index("index")
+    assert rows.loc["3", "device_us change"] == pytest.approx(50.0) and rows.loc["3", "device_us beyond CI"] == "yes"
+    assert rows.loc["2", "device_us change"] == 0.0 and rows.loc["2", "device_us beyond CI"] == "no"
+    assert rows.loc["5", "status"] == "PASSED -> INCORRECT_NUMERICAL" and rows.loc["mean", "status"] == "15 passed in both"
+    passed = [w.device_us for w in result.workloads if w.status is Status.PASSED]
+    assert float(rows.loc["mean", "device_us"]) == pytest.approx(sum(passed) / len(passed), abs=1e-6)
+    missing = invoke("compare", "--results-dir", str(tmp_path / "now"), "--against", str(tmp_path / "none"))
+    assert missing.exit_code == 2 and "no result files under" in missing.output
