@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import tempfile
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -365,6 +366,10 @@ def bench(
         except OSError as exc:  # the tables below still show the run
             errors.print(f"error: {path} not written: {exc.strerror or exc}", highlight=False)
             written, failed = "not written", True
+            fallback = _saved_elsewhere(result)
+            if fallback is not None:
+                errors.print(f"the result is in {fallback}", highlight=False)
+                written = f"written to {fallback} instead"
         skipped = {w.message for w in result.workloads if w.status is Status.SKIPPED}
         if len(skipped) == 1 and all(w.status is Status.SKIPPED for w in result.workloads):
             # one reason for every workload (a device it does not run on, a missing extra): a line, not a table of them
@@ -386,6 +391,18 @@ def bench(
         failed |= any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads)
     if failed:
         raise typer.Exit(1)
+
+
+def _saved_elsewhere(result: BenchResult) -> Path | None:
+    """A result whose file could not be written, saved to a new file in the system's temporary folder, so that no
+    measurement is lost; None where that fails too."""
+    handle, name = tempfile.mkstemp(prefix=f"harness-{result.solution.name}-", suffix=".json")
+    os.close(handle)
+    try:
+        return save(result, Path(name))
+    except OSError:
+        Path(name).unlink(missing_ok=True)
+        return None
 
 
 @app.command("list")

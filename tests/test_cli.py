@@ -298,6 +298,18 @@ def test_a_result_that_cannot_be_saved_is_still_shown(tmp_path: Path, monkeypatc
     assert "torch_eager: passed 1/1" in result.output and "written to" not in result.output
 
 
+def test_a_result_its_folder_refuses_is_kept_elsewhere(tmp_path: Path) -> None:
+    """A result file that cannot be written where it belongs (a folder in its way) goes to a temporary file, named."""
+    (tmp_path / "cpu" / "partial" / "torch_eager.json").mkdir(parents=True)
+    result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(tmp_path), "--trials", "1", "--max-calls", "4")
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and "torch_eager.json not written: Is a directory" in output
+    kept = Path(output.split("the result is in ")[1].split()[0])
+    assert f"written to {kept} instead" in output
+    assert load_result(kept).workloads[0].status is Status.PASSED
+    kept.unlink()
+
+
 def test_compare_ranks_by_passed_workloads_and_averages_only_those(tmp_path: Path, make_solution) -> None:
     """A solution that fails every workload with NaN outputs, however fast, ranks below one that passes, and its
     times count in no mean or speed-up."""
