@@ -249,6 +249,21 @@ def test_the_latency_figure_draws_the_sustained_timing(tmp_path: Path, monkeypat
     assert [list(line.get_ydata()) for line in dotted] == [frame.sort_values(["T", "B"]).sustained_us.tolist()]
 
 
+def test_the_percent_of_sol_figure_means_what_compare_means(tmp_path: Path, monkeypatch) -> None:
+    """Each solution's mean in the legend is compare's: over the workloads it passed, saying so where it failed some."""
+    from harness import plot
+
+    drawn = []
+    monkeypatch.setattr(plot, "_save", lambda fig, ax, path, title: drawn.append(ax))
+    frame = comparing.load_frame(RESULTS_DIR, "nvidia-h200")
+    plot.percent_of_sol_figure(frame, tmp_path / "sol.png", "")
+    labels = [handle.get_label() for handle in drawn[0].containers]
+    for row in comparing.summary(frame).itertuples():
+        passed = int(row.passed.split("/")[0])
+        over = "" if row.failed == 0 else f" over {passed} passed"
+        assert f"{row.solution} (mean {row.mean_pct_sol:.1f}%{over})" in labels
+
+
 def test_export_and_import_commands(tmp_path: Path) -> None:
     record = tmp_path / "record.json"
     result = invoke("export", "-s", "triton_fused", "--format", "leaderboard", "-o", str(record), "--device", "nvidia-h200")
