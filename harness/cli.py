@@ -380,12 +380,13 @@ def bench(
         for table in kernel_tables(result):
             console.print(table)
         print_failures(result.workloads)
-        latencies = [w.latency_us for w in result.workloads if w.latency_us is not None]
-        device_times = [w.device_us for w in result.workloads if w.device_us is not None]
+        # compare's means: over the workloads passed (a failed one is timed where only its numbers were wrong)
+        passed = [w for w in result.workloads if w.status is Status.PASSED and w.latency_us is not None]
+        device_times = [w.device_us for w in passed if w.device_us is not None]
+        means = (f"mean call latency {_us(_mean([w.latency_us for w in passed]))} us, mean device time "
+                 f"{_us(_mean(device_times))} us over the {len(passed)} passed" if passed else "no passed workload timed")  # fmt: skip
         console.print(
-            f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; mean call latency {_us(_mean(latencies))} us, "
-            f"mean device time {_us(_mean(device_times))} us over {len(latencies)} timed workloads; {result.duration_s:.1f} s; "
-            f"{written}",
+            f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; {means}; {result.duration_s:.1f} s; {written}",
             highlight=False,
         )
         failed |= any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads)

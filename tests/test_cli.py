@@ -522,3 +522,30 @@ def test_compare_against_an_earlier_run(tmp_path: Path) -> None:
     assert float(rows.loc["mean", "device_us"]) == pytest.approx(sum(passed) / len(passed), abs=1e-6)
     missing = invoke("compare", "--results-dir", str(tmp_path / "now"), "--against", str(tmp_path / "none"))
     assert missing.exit_code == 2 and "no result files under" in missing.output
+
+
+WRONG_AT_T16 = """
+from reference import reference_backward
+
+def run(*tensors):
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+    if tensors[1].numel() == 16:
+        tensors[14].mul_(1.5)  # grad_w1_weight: numerically wrong, so timed all the same
+"""
+
+
+def test_bench_means_what_compare_means(tmp_path: Path, make_solution) -> None:
+    """bench's closing line averages over the workloads passed, as compare does, not over every workload timed."""
+    root = make_solution("wrong_at_t16", WRONG_AT_T16)
+    results = tmp_path / "results"
+    args = ("-s", "wrong_at_t16", "--solutions-dir", str(root), "--results-dir", str(results))
+    bench = invoke("bench", *args, "-w", "1,2,3", "--trials", "1", "--max-calls", "4", "--suite", "smoke")
+    assert bench.exit_code == 1 and "INCORRECT_NUMERICAL" in bench.output
+    workloads = load_result(results / "cpu" / "partial" / "wrong_at_t16.json").workloads
+    assert [w.status.value for w in workloads] == ["PASSED", "INCORRECT_NUMERICAL", "PASSED"]
+    assert all(w.latency_us is not None for w in workloads)
+    passed = [w for w in workloads if w.status is Status.PASSED]
+    output = " ".join(bench.output.split())
+    assert f"wrong_at_t16: passed 2/3; mean call latency {sum(w.latency_us for w in passed) / 2:,.1f} us" in output
+    assert f"mean device time {sum(w.device_us for w in passed) / 2:,.1f} us over the 2 passed" in output
