@@ -521,7 +521,12 @@ def compare_cmd(
             fail(f"no workload of the same device, suite and solution in both {results_dir} and {against}")
         comparing.render(table, fmt, f"{', '.join(values)}: now, in {against} and the change", console)
     elif by_workload:
-        comparing.render(comparing.by_workload(frame, values), fmt, f"{', '.join(values)} per workload", console)
+        table, title = comparing.by_workload(frame, values), f"{', '.join(values)} per workload"
+        if fmt == "table" and frame.solution.nunique() == 1:  # the one solution's name in the title, not every header
+            solution = frame.solution.iloc[0]
+            table = table.rename(columns=lambda c: values[0] if c == solution else str(c).removeprefix(f"{solution} "))
+            title = f"{solution}'s {title}"
+        comparing.render(table, fmt, title, console)
     else:
         comparing.render(
             comparing.summary(frame),

@@ -484,6 +484,11 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
     assert list(rows.columns[-3:]) == ["triton_fused latency_us", "triton_fused public_us", "triton_fused sustained_us"]
     frame = comparing.load_frame(tmp_path).query("solution == 'triton_fused'")
     assert rows["triton_fused sustained_us"].tolist() == pytest.approx(frame.sustained_us.tolist(), abs=0.1)
+    # on the terminal, the one solution's name goes to the title, its values name the columns
+    terminal = invoke("compare", "--results-dir", str(tmp_path), "-s", "triton_fused", "--by-workload", "--value",
+                      "latency_us,public_us")  # fmt: skip
+    text = " ".join(terminal.output.split())
+    assert "triton_fused's latency_us, public_us per workload" in text and "triton_fused latency_us" not in text
 
 
 def test_pacing_notes_name_the_fewer_workloads() -> None:
