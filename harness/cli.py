@@ -505,7 +505,8 @@ def compare_cmd(
     fmt: Annotated[str, typer.Option("--format", help="table, csv or markdown")] = "table",
     suite: SuiteOption = None,
     against: Annotated[
-        Optional[Path], typer.Option(help="an earlier run's results folder: each workload's --value now, then and the change")
+        Optional[Path],
+        typer.Option(help="an earlier run's results folder: each workload's --value now, then and the change (by workload)"),
     ] = None,
 ) -> None:
     """Compare the result files: pass count, mean and geomean latency, %SOL, SOL score, speedup."""

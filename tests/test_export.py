@@ -324,10 +324,7 @@ def test_solution_holds_the_public_spec_rules(tmp_path: Path) -> None:
         ({"target_hardware": ["NVIDIA H200"]}, "target_hardware"),
         ({"languages": ["python"]}, "languages"),
         ({"entry_point": "solution.py"}, "entry_point"),
-        (
-            {"languages": ["triton", "cuda_cpp"]},
-            "mix Python and C",
-        ),
+        ({"languages": ["triton", "cuda_cpp"]}, "mix Python and C"),
         ({"entry_point": "triton_fused/replay.c::run"}, "is not a .py file"),
     ):
         with pytest.raises(ValidationError, match=message):
