@@ -309,25 +309,37 @@ def _time_cuda(
     samples: list[float] = []
     charges: list[float] = []
     started = time.perf_counter()
-    k = 0
+    k, lengthened = 0, 0
     events = _event_pairs(config.batch_calls)  # read before the next batch records them again
+    spun = torch.cuda.Event()
     while len(samples) < config.max_calls:
         torch.cuda._sleep(head_start_cycles)
+        spun.record()
         for pair in events:
             _timed_call(call, prepare, flush, k, input_sets, pair)
             after(config.warmup_calls + k)
             k += 1
+        # The spin ran out before the host had queued the batch (a slower host than the warm-up's): the batch's calls
+        # may have waited for the host. Its times are left out, and the spin made twice as long.
+        overtaken = spun.query() and lengthened < MAX_SPIN_DOUBLINGS
         # The batch's end, the harness's checks queued behind its last call included: what the device still runs
         # after it is late work.
         batch_done = torch.cuda.Event()
         batch_done.record()
         waited, own = device_wait_after(batch_done), [start.elapsed_time(end) * 1e3 for start, end in events]
+        if overtaken:
+            head_start_cycles, lengthened = 2 * head_start_cycles, lengthened + 1
+            continue
         charges.append(_late_charge(waited, _idle_wait(), sum(own), len(own)))
         samples.extend(t + charges[-1] / len(own) for t in own)
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
     return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets, _late_work(charges))
 
+
+# How many times the device-time timer doubles its spin for batches the host was too slow to queue behind it (after
+# which it times them as they come: a host that slow paces every call anyway).
+MAX_SPIN_DOUBLINGS = 4
 
 # Batches of calls the host may queue ahead of the device under the back-to-back timers (keep_busy, time_sustained):
 # enough that the device never waits for the host between batches, few enough that the host's clock bounds the time.

@@ -228,7 +228,7 @@ class _FakeEvent:
 
     recorded: ClassVar[list[_FakeEvent]] = []
     read: ClassVar[list[int]] = []  # the numbers of the start events read, in order
-    drained: ClassVar[bool] = False  # what query() answers: whether the GPU has run the event
+    answers: ClassVar[list[bool]] = []  # query()'s answers in turn (whether the GPU has run the event), then False
 
     def __init__(self, enable_timing: bool = False) -> None:
         self.number = -1
@@ -242,7 +242,7 @@ class _FakeEvent:
         return 1.0 if self.number % 4 == 0 else 3.0
 
     def query(self) -> bool:
-        return self.drained
+        return self.answers.pop(0) if self.answers else False
 
 
 def _fake_cuda(monkeypatch: pytest.MonkeyPatch, synchronize: Callable[[_FakeEvent], None]) -> None:
@@ -250,7 +250,7 @@ def _fake_cuda(monkeypatch: pytest.MonkeyPatch, synchronize: Callable[[_FakeEven
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(_FakeEvent, "recorded", [])
     monkeypatch.setattr(_FakeEvent, "read", [])
-    monkeypatch.setattr(_FakeEvent, "drained", False)
+    monkeypatch.setattr(_FakeEvent, "answers", [])
     monkeypatch.setattr(timing, "L2Flusher", lambda device: lambda: None)
     monkeypatch.setattr(timing, "_event_synchronize", synchronize)
     monkeypatch.setattr(timing, "device_wait_after", lambda event: 0.0)
@@ -278,6 +278,44 @@ def test_sustained_timing_never_waits_for_the_latest_batches(monkeypatch: pytest
     assert len(set(_FakeEvent.recorded)) < len(_FakeEvent.recorded)
 
 
+def test_the_device_timer_leaves_out_batches_the_host_fell_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time_device's GPU path (faked): a batch whose head-start spin the GPU had run before the host had queued the
+    batch is not timed, and the next spin is twice as long; MAX_SPIN_DOUBLINGS times at most."""
+    _fake_cuda(monkeypatch, lambda event: None)
+    spins: list[int] = []
+    monkeypatch.setattr(torch.cuda, "_sleep", spins.append)
+    monkeypatch.setattr(timing, "_device_synchronize", lambda device: None)
+    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=8, batch_calls=2, target_rel_stderr=0.0)
+    monkeypatch.setattr(_FakeEvent, "answers", [True, True])
+    stats = timing.time_device(lambda k: None, lambda k: None, 2, torch.device("cuda"), config)
+    assert spins[1:3] == [2 * spins[0], 4 * spins[0]] and len(spins) == 2 + 4 and stats.n == 8
+    monkeypatch.setattr(_FakeEvent, "answers", [True] * 100)  # a host always behind: timed as it comes, after 4 doublings
+    spins.clear()
+    stats = timing.time_device(lambda k: None, lambda k: None, 2, torch.device("cuda"), config)
+    assert spins == [spins[0] * 2 ** min(i, timing.MAX_SPIN_DOUBLINGS) for i in range(timing.MAX_SPIN_DOUBLINGS + 4)]
+    assert stats.n == 8
+
+
+@pytest.mark.gpu
+def test_device_time_keeps_a_host_that_slows_down_out() -> None:
+    """Calls of a 100 us kernel whose host time grows from microseconds to 0.5 ms after the warm-up: the spin sized by
+    the warm-up runs out before the host has queued a batch, is doubled until it does not, and the device time stays
+    the kernel's."""
+    config = TimingConfig(warmup_calls=3, min_calls=20, max_calls=40, batch_calls=10)
+    cycles = int(1e-4 * timing.SPIN_CYCLES_PER_SECOND)
+    made = [0]
+
+    def slowing(k: int) -> None:
+        made[0] += 1
+        if made[0] > config.warmup_calls:
+            time.sleep(5e-4)
+        torch.cuda._sleep(cycles)
+
+    alone = time_device(lambda k: torch.cuda._sleep(cycles), lambda k: None, 2, torch.device("cuda"), config)
+    slowed = time_device(slowing, lambda k: None, 2, torch.device("cuda"), config)
+    assert slowed.mean_us < 1.2 * alone.mean_us < 300, (slowed.mean_us, alone.mean_us)
+
+
 @pytest.mark.parametrize("drained", [False, True])
 def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(monkeypatch, drained: bool) -> None:
     """time_sustained's GPU path (faked, on a fake host clock) counts the calls' own host time apart from the rest of
@@ -291,7 +329,7 @@ def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(mo
 
     monkeypatch.setattr(timing, "_clock", lambda: now[0])
     _fake_cuda(monkeypatch, lambda event: spend(0.004))
-    monkeypatch.setattr(_FakeEvent, "drained", drained)
+    monkeypatch.setattr(_FakeEvent, "answers", [drained] * 100)
     config = TimingConfig(min_calls=4, max_calls=20, batch_calls=2)
     run = timing.time_sustained(lambda k: spend(0.0015), lambda k: spend(0.001), 3, torch.device("cuda"), config, 0.01)
     assert run.host_us == pytest.approx(1500.0) and run.harness_host_us == pytest.approx(1000.0)
