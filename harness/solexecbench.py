@@ -308,8 +308,8 @@ class PublicSolution(BaseModel):
         languages = self.spec.languages
         if not self.spec.is_python and any(language in get_args(PythonLanguage) for language in languages):
             raise ValueError(f"languages {languages} mix Python and C++ ones, which the evaluator refuses")
-        entry_file = self.spec.entry_point.split("::")[0]
-        paths = [source.path for source in self.sources]
+        entry_file = str(PurePosixPath(self.spec.entry_point.split("::")[0]))
+        paths = [str(PurePosixPath(source.path)) for source in self.sources]
         if entry_file not in paths:
             raise ValueError(f"entry point file '{entry_file}' is not among the sources {paths}")
         if not self.spec.is_python:
@@ -415,20 +415,20 @@ def _validated(path: Path, model: type[BaseModel], data: object, within: str = "
 def _package_sources(path: Path, sources: list[SourceFile], package: str) -> tuple[dict[str, str], list[str]]:
     """The sources by their paths inside the package folder (the top level where `package` is '.'), which must hold
     them all, be of the kinds the harness hashes and import each other relatively; and notes for the user."""
-    prefix = "" if package == "." else package + "/"
     files, notes = {}, []
     for source in sources:
-        if prefix and source.path == BUNDLED_REFERENCE:
+        where = PurePosixPath(source.path)  # as the evaluator writes it: "./a//b.py" is a/b.py
+        if package != "." and str(where) == BUNDLED_REFERENCE:
             notes.append(f"left out {BUNDLED_REFERENCE}, the problem's bundled reference: the harness has its own")
             continue
-        if not source.path.startswith(prefix):
+        if not where.is_relative_to(package):
             raise FormatError(f"{path}: source '{source.path}' lies outside the entry point's package folder '{package}'")
-        files[source.path.removeprefix(prefix)] = source.content
+        files[str(where.relative_to(package))] = source.content
     unhashed = [p for p in files if PurePosixPath(p).suffix not in SOURCE_SUFFIXES]
     if unhashed:
         raise FormatError(f"{path}: sources {', '.join(unhashed)} are of a kind the harness neither hashes into results nor "
                           f"exports (it takes {', '.join(sorted(SOURCE_SUFFIXES))})")  # fmt: skip
-    own = _top_level_modules(files) | ({package.split("/")[0]} if prefix else set())
+    own = _top_level_modules(files) | ({PurePosixPath(package).parts[0]} if package != "." else set())
     for relative, text in files.items():
         found = absolute_imports(text) & own if relative.endswith(".py") else set()
         if found:

@@ -431,6 +431,14 @@ def test_import_refuses_what_the_harness_cannot_bench(tmp_path: Path, changes: d
         import_solution(tmp_path / "solution.json", None, ["cuda"])
 
 
+def test_import_reads_source_paths_as_the_evaluator_writes_them(tmp_path: Path) -> None:
+    """ "./pkg//kernel.py" is pkg/kernel.py to the evaluator, which writes each source at its path: so here too."""
+    source = {"path": "./pkg//kernel.py", "content": public_solution()["sources"][0]["content"]}
+    (tmp_path / "solution.json").write_text(json.dumps(public_solution(sources=[source], spec=_package("")["spec"])))
+    imported = import_solution(tmp_path / "solution.json", None, ["cpu"])
+    assert sorted(imported.files) == ["kernel.py", "solution.yaml"] and imported.spec.entry_point == "kernel.py::run"
+
+
 def test_import_keeps_a_carried_manifest_only_as_it_matches(tmp_path: Path) -> None:
     write_sol_execbench(h200_result("torch_eager"), get_solution("torch_eager"), load_named_suite("public"), RESULTS_DIR,
                         H200, tmp_path, partial=True)  # fmt: skip
