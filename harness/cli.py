@@ -452,8 +452,9 @@ def pacing_notes(frame) -> list[str]:
         where = named(paced)
         if len(paced) > max(4, len(others)):
             where = f"{len(paced)} of its {len(rows)} workloads" + (f" (all but {named(others)})" if len(others) else "")
-        notes.append(f"{solution}'s sustained time on {slug} at {where} was paced by the harness's host (HARNESS_PACED): "
-                     "an upper bound")  # fmt: skip
+        verdict = ("was flagged HARNESS_PACED by host times alone, which count waits on a full queue: not conclusive"
+                   if paced.paced_by_host_times.any() else "was paced by the harness's host (HARNESS_PACED): an upper bound")  # fmt: skip
+        notes.append(f"{solution}'s sustained time on {slug} at {where} {verdict}")
     return notes
 
 

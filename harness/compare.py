@@ -89,6 +89,8 @@ def load_frame(
                     "sustained_ci_us": _half_width(w.sustained.timing if w.sustained else None),
                     "sustained_failed": bool(w.sustained and w.sustained.error),
                     "sustained_paced": "HARNESS_PACED" in w.flags,
+                    # results before drained_share flagged by host times alone, which count waits on a full queue
+                    "paced_by_host_times": bool(w.sustained and w.sustained.timing and w.sustained.drained_share is None),
                 }
             )
     frame = pd.DataFrame(rows)
