@@ -47,7 +47,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .gluon_common import release_stage, swiglu_backward, wait_stage_free, wait_stage_ready, wgmma_layout
+from .gluon_common import (
+    release_stage,
+    swiglu_backward,
+    tma_load,
+    tma_store,
+    wait_stage_free,
+    wait_stage_ready,
+    warps_barrier,
+    wgmma_layout,
+)
 
 GRAD_REGS = gl.constexpr(160)  # registers per thread of grad_w2's warpgroup (its [64, 128] fp32 accumulator takes 64)
 
@@ -63,9 +72,9 @@ def _load_operands(w2_desc, head_desc, tail_desc, gated_head, gated_tail, w_bufs
     HEAD: gl.constexpr = head_desc.block_type.shape[0]
     off_f = gl.program_id(0) * BLOCK_F
     mbarrier.expect(gated_ready, gated_head.block_type.nbytes + HAS_TAIL * gated_tail.block_type.nbytes)
-    tma.async_copy_global_to_shared(gated_head, [0, off_f], gated_ready, gw_head)
+    tma_load(gated_head, [0, off_f], gated_ready, gw_head)
     if HAS_TAIL:
-        tma.async_copy_global_to_shared(gated_tail, [HEAD, off_f], gated_ready, gw_tail)
+        tma_load(gated_tail, [HEAD, off_f], gated_ready, gw_tail)
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     nbytes: gl.constexpr = w2_desc.block_type.nbytes + head_desc.block_type.nbytes + HAS_TAIL * tail_desc.block_type.nbytes
     for step in range(gl.cdiv(H, BLOCK_K)):
@@ -73,10 +82,10 @@ def _load_operands(w2_desc, head_desc, tail_desc, gated_head, gated_tail, w_bufs
         bar = ready.index(s)
         k = step * BLOCK_K
         mbarrier.expect(bar, nbytes)
-        tma.async_copy_global_to_shared(w2_desc, [k, off_f], bar, w_bufs.index(s))
-        tma.async_copy_global_to_shared(head_desc, [0, k], bar, head_bufs.index(s))
+        tma_load(w2_desc, [k, off_f], bar, w_bufs.index(s))
+        tma_load(head_desc, [0, k], bar, head_bufs.index(s))
         if HAS_TAIL:
-            tma.async_copy_global_to_shared(tail_desc, [HEAD, k], bar, tail_bufs.index(s))
+            tma_load(tail_desc, [HEAD, k], bar, tail_bufs.index(s))
 
 
 @gluon.jit
@@ -106,7 +115,7 @@ def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready
     if HAS_TAIL:
         _scale_rows(gw_tail, selected_weights, HEAD, T, 4)
     fence_async_shared()  # the scaled blocks, written by these threads, are read by wgmma (the async proxy)
-    gl.thread_barrier()
+    warps_barrier()
     for step in range(gl.cdiv(H, BLOCK_K)):
         s = wait_stage_ready(ready, step)
         grad = gl.zeros((BLOCK_K, BLOCK_F), dtype=gl.float32, layout=layout)
@@ -117,15 +126,15 @@ def _grad_w2(head_bufs, tail_bufs, gw_head, gw_tail, staging, gated_ready, ready
         release_stage(empty, step)
         buffer = staging.index(step % 2)
         tma.store_wait(1)
-        gl.thread_barrier()  # no warp writes the buffer before the store that read it is done
+        warps_barrier()  # no warp writes the buffer before the store that read it is done
         buffer.store(grad.to(staging.dtype))
         fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(grad_w2_desc, [step * BLOCK_K, off_f], buffer)
+        warps_barrier()
+        tma_store(grad_w2_desc, [step * BLOCK_K, off_f], buffer)
     mbarrier.arrive(grad_read, count=1)
     tma.store_wait(0)
     if HAS_TAIL:
-        gl.thread_barrier()  # every warp's stores are done
+        warps_barrier()  # every warp's stores are done
         mbarrier.arrive(grad_done, count=1)
 
 
@@ -136,7 +145,7 @@ def _load_pieces(desc, row, col, bars, bufs, B0: gl.constexpr):
     WIDTH: gl.constexpr = desc.block_type.shape[1]
     PIECES: gl.constexpr = bars.shape[0]
     for p in gl.static_range(PIECES):
-        tma.async_copy_global_to_shared(desc, [row, col + p * WIDTH], bars.index(p), bufs.index(B0 + p))
+        tma_load(desc, [row, col + p * WIDTH], bars.index(p), bufs.index(B0 + p))
 
 
 @gluon.jit
@@ -219,7 +228,7 @@ def _dh(w_bufs, head_bufs, tail_bufs, gw_head, staging, ready, empty, grad_read,
     dh_tail = tail_bufs._reinterpret(gl.float32, [TAIL, BLOCK_F], handoff)
     if HAS_TAIL:
         dh_tail.permute((1, 0)).store(acc_t)
-    gl.thread_barrier()
+    warps_barrier()
 
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (WIDTH // 4), WIDTH // 4], [num_warps, 1], [1, 0])
     _store_rows(dh_head, head_acts, 0, head_acts, PIECES, head_gate, 0, act_ready, dd, selected_weights, T, 0, off_f, F,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_common import (
     operand_ring,
@@ -37,8 +37,10 @@ from .gluon_common import (
     release_stage,
     split_columns,
     swiglu_backward,
+    tma_load,
     wait_stage_free,
     wait_stage_ready,
+    warps_barrier,
     wgmma_layout,
 )
 
@@ -63,8 +65,8 @@ def _load_operands(g_desc, w2_desc, g_bufs, w_bufs, ready, empty, T, H, F, WAIT_
         k = (step % k_steps) * BLOCK_K
         bar = ready.index(s)
         mbarrier.expect(bar, g_desc.block_type.nbytes + w2_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(g_desc, [(tile % num_m) * BLOCK_M, k], bar, g_bufs.index(s))
-        tma.async_copy_global_to_shared(w2_desc, [k, (tile // num_m) * BLOCK_N], bar, w_bufs.index(s))
+        tma_load(g_desc, [(tile % num_m) * BLOCK_M, k], bar, g_bufs.index(s))
+        tma_load(w2_desc, [k, (tile // num_m) * BLOCK_N], bar, w_bufs.index(s))
 
 
 @gluon.jit
@@ -118,9 +120,9 @@ def _load_piece(a_desc, up_desc, gate_desc, a_buf, up_buf, gate_buf, bar, piece,
     off_m = (tile % num_m) * BLOCK_M
     off_n = (tile // num_m) * (WIDTH * PIECES) + (piece % PIECES) * WIDTH
     mbarrier.expect(bar, 3 * a_desc.block_type.nbytes, pred=live)
-    tma.async_copy_global_to_shared(a_desc, [off_m, off_n], bar, a_buf, pred=live)
-    tma.async_copy_global_to_shared(up_desc, [off_m, off_n], bar, up_buf, pred=live)
-    tma.async_copy_global_to_shared(gate_desc, [off_m, off_n], bar, gate_buf, pred=live)
+    tma_load(a_desc, [off_m, off_n], bar, a_buf, pred=live)
+    tma_load(up_desc, [off_m, off_n], bar, up_buf, pred=live)
+    tma_load(gate_desc, [off_m, off_n], bar, gate_buf, pred=live)
 
 
 @gluon.jit
@@ -160,7 +162,7 @@ def _swiglu_epilogue(handoff, dh_ready, dh_free, a_desc, up_desc, gate_desc, a_b
         _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, first, buffered, num_m,
                           PIECES)  # fmt: skip
     for j in range(buffered):
-        gl.thread_barrier()  # both warps are done with the buffer of piece j - 1, which piece j + BUFFERS - 1 takes
+        warps_barrier()  # both warps are done with the buffer of piece j - 1, which piece j + BUFFERS - 1 takes
         _load_activations(a_desc, up_desc, gate_desc, a_bufs, up_bufs, gate_bufs, act_ready, j + BUFFERS - 1, buffered,
                           num_m, PIECES)  # fmt: skip
         b = j % BUFFERS
@@ -199,7 +201,7 @@ def _last_tile_through_ring(handoff, dh_ready, a_desc, up_desc, gate_desc, w_buf
         _load_piece(a_desc, up_desc, gate_desc, *_slot(slots, i), ring_ready.index(i), first + i, i < PIECES, num_m,
                     PIECES)  # fmt: skip
     for i in range(PIECES):
-        gl.thread_barrier()  # both warps are done with the slot of piece i - 1, which piece i - 1 + SLOTS takes
+        warps_barrier()  # both warps are done with the slot of piece i - 1, which piece i - 1 + SLOTS takes
         refill = (i + SLOTS - 1) % SLOTS
         _load_piece(a_desc, up_desc, gate_desc, *_slot(slots, refill), ring_ready.index(refill), first + i - 1 + SLOTS,
                     (i > 0) & (i - 1 + SLOTS < PIECES), num_m, PIECES)  # fmt: skip

@@ -54,8 +54,11 @@ from .gluon_common import (
     operand_ring,
     release_stage,
     split_columns,
+    tma_load,
+    tma_store,
     wait_stage_free,
     wait_stage_ready,
+    warps_barrier,
     wgmma_layout,
 )
 
@@ -74,10 +77,10 @@ def _load_operands(dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, a_
     off_n = gl.program_id(0) * x_desc.block_type.shape[1]
     if TAIL:
         mbarrier.expect(x_ready, x_desc.block_type.nbytes + x_tail_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_tail_desc, [HEAD_ROWS, off_n], x_ready, x_tail)
+        tma_load(x_tail_desc, [HEAD_ROWS, off_n], x_ready, x_tail)
     else:
         mbarrier.expect(x_ready, x_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(x_desc, [0, off_n], x_ready, x_buf)
+    tma_load(x_desc, [0, off_n], x_ready, x_buf)
     k_first = gl.program_id(1) * K_PER_SPLIT
     for step in range(K_PER_SPLIT // BLOCK_K):
         s = wait_stage_free(empty, step)
@@ -85,10 +88,10 @@ def _load_operands(dd_desc, tail_desc, x_desc, x_tail_desc, w1_desc, w3_desc, a_
         bar = ready.index(s)
         if TAIL:
             mbarrier.expect(bar, dd_desc.block_type.nbytes + tail_desc.block_type.nbytes + w1_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(tail_desc, [HEAD_ROWS, k], bar, tail_bufs.index(s).slice(0, TAIL_ROWS, dim=0))
+            tma_load(tail_desc, [HEAD_ROWS, k], bar, tail_bufs.index(s).slice(0, TAIL_ROWS, dim=0))
         else:
             mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(dd_desc, [0, k], bar, a_bufs.index(s))
+        tma_load(dd_desc, [0, k], bar, a_bufs.index(s))
         load_weight_block(w1_desc, w3_desc, k, off_n, F, bar, b_bufs.index(s))
 
 
@@ -132,14 +135,14 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
             release_stage(empty, step)
             k = k_first + step * BLOCK_K
             tma.store_wait(0)
-            gl.thread_barrier()  # no warp writes the staging buffer before the store that read it is done
+            warps_barrier()  # no warp writes the staging buffer before the store that read it is done
             staging.store(grad.to(staging.dtype))
             fence_async_shared()
-            gl.thread_barrier()
+            warps_barrier()
             if k < F:
-                tma.async_copy_shared_to_global(g1_desc, [k, off_n + WARPGROUP * WIDTH], staging)
+                tma_store(g1_desc, [k, off_n + WARPGROUP * WIDTH], staging)
             else:
-                tma.async_copy_shared_to_global(g3_desc, [k - F, off_n + WARPGROUP * WIDTH], staging)
+                tma_store(g3_desc, [k - F, off_n + WARPGROUP * WIDTH], staging)
         else:
             acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
             release_stage(empty, step)
@@ -152,9 +155,9 @@ def _products(a_bufs, tail_bufs, b_bufs, x_buf, x_tail, x_ready, ready, empty, s
     rows = WARPGROUP * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out_layout))
     blocks = split_columns(acc.to(partials.dtype.element_ty), BLOCK_N // WIDTH)
     for i in gl.static_range(BLOCK_N // WIDTH):
-        gl.thread_barrier()  # every warp has read the previous block out of the buffer
+        warps_barrier()  # every warp has read the previous block out of the buffer
         staging.store(blocks[i])
-        gl.thread_barrier()
+        warps_barrier()
         cols = off_n + i * WIDTH + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, out_layout))
         out = partials + (gl.program_id(1) * T + rows)[:, None] * H + cols[None, :]
         gl.store(out, staging.load(out_layout), mask=(rows < T)[:, None] & (cols < H)[None, :])

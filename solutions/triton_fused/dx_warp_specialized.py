@@ -38,14 +38,16 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from .gluon_common import (
     load_weight_block,
     operand_ring,
     release_stage,
+    tma_load,
     wait_stage_free,
     wait_stage_ready,
+    warps_barrier,
     wgmma_layout,
 )
 
@@ -66,7 +68,7 @@ def _load_operands(dd_desc, w1_desc, w3_desc, a_bufs, b_bufs, ready, empty, T, F
         k = k_first + step * BLOCK_K
         bar = ready.index(s)
         mbarrier.expect(bar, dd_desc.block_type.nbytes + w1_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(dd_desc, [off_m, k], bar, a_bufs.index(s))
+        tma_load(dd_desc, [off_m, k], bar, a_bufs.index(s))
         load_weight_block(w1_desc, w3_desc, k, off_n, F, bar, b_bufs.index(s))
 
 
@@ -139,7 +141,7 @@ def _arrives_last(counter, ARRIVALS, num_warps: gl.constexpr):
     """Count the calling partition in on `counter` (a dx tile's counter, zeroed by gather_kernel) once the stores of its
     partial are issued: one atomic add by its first thread, after a barrier of its warps, so that every warp's stores
     come before it. Whether it was the last of ARRIVALS (then it adds the tile's partials: _add_partials_into_rows)."""
-    gl.thread_barrier()
+    warps_barrier()
     layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # one element per thread
     warp = gl.arange(0, num_warps, layout=gl.SliceLayout(1, layout))[:, None]
     lane = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))[None, :]

@@ -9,6 +9,18 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+# Gluon's API moves between Triton releases. Triton 3.6 (the H200 machine's) names TMA's copies
+# async_copy_global_to_shared and async_copy_shared_to_global and the barrier of a partition's warps thread_barrier;
+# later releases async_load, async_store and barrier, and refuse the old names. The kernels call the names bound here,
+# so that one source compiles under both. A shared buffer's view under another type, 3.6's _reinterpret, is public
+# later as reinterpret: the kernels call the old name, which is given to the new method where it is missing.
+if hasattr(tma, "async_load"):
+    tma_load, tma_store, warps_barrier = tma.async_load, tma.async_store, gl.barrier
+else:
+    tma_load, tma_store, warps_barrier = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global, gl.thread_barrier
+if not hasattr(gl.shared_memory_descriptor, "_reinterpret"):
+    gl.shared_memory_descriptor._reinterpret = gl.shared_memory_descriptor.reinterpret
+
 
 @gluon.jit
 def operand_ring(a_desc, b_desc, STAGES: gl.constexpr, RELEASES: gl.constexpr = 1):
@@ -56,9 +68,9 @@ def load_weight_block(w1_desc, w3_desc, k, off_n, F, bar, buf):
     """The dx kernels' K axis runs over the 2F rows of [w1; w3] without concatenating the weights: the block at row k
     and column off_n is w1's rows k for k < F, else w3's rows k - F. Loads it into buf by TMA, counted in by bar."""
     if k < F:
-        tma.async_copy_global_to_shared(w1_desc, [k, off_n], bar, buf)
+        tma_load(w1_desc, [k, off_n], bar, buf)
     else:
-        tma.async_copy_global_to_shared(w3_desc, [k - F, off_n], bar, buf)
+        tma_load(w3_desc, [k - F, off_n], bar, buf)
 
 
 @gluon.jit

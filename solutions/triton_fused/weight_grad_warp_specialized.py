@@ -64,8 +64,11 @@ from .gluon_common import (
     program_tile_count,
     release_stage,
     split_columns,
+    tma_load,
+    tma_store,
     wait_stage_free,
     wait_stage_ready,
+    warps_barrier,
     wgmma_layout,
 )
 
@@ -130,13 +133,12 @@ def _load_step(a_desc, b_desc, a_tail_desc, b_tail_desc, a_buf, b_buf, bar, kk, 
     TAIL: gl.constexpr = a_tail_desc.block_type.shape[0]
     if kk < FULL_STEPS:
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(a_desc, [kk * BLOCK_K, off_m], bar, a_buf)
-        tma.async_copy_global_to_shared(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], bar, b_buf)
+        tma_load(a_desc, [kk * BLOCK_K, off_m], bar, a_buf)
+        tma_load(b_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - BLOCK_K), off_n], bar, b_buf)
     else:
         mbarrier.expect(bar, a_tail_desc.block_type.nbytes + b_tail_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_buf.slice(0, TAIL))
-        tma.async_copy_global_to_shared(b_tail_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - TAIL), off_n], bar,
-                                        b_buf.slice(0, TAIL))  # fmt: skip
+        tma_load(a_tail_desc, [kk * BLOCK_K, off_m], bar, a_buf.slice(0, TAIL))
+        tma_load(b_tail_desc, [gl.minimum(kk * BLOCK_K, B_ROWS - TAIL), off_n], bar, b_buf.slice(0, TAIL))
 
 
 # The claim: lane 0 of the loader warp adds 1 to the counter in global memory (relaxed: the counter orders nothing but
@@ -170,7 +172,7 @@ def _publish_tile(tile_ids, tile_ready, tile_free, j, tile):
     slot = wait_stage_free(tile_free, j)
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     tile_ids.index(slot).store(gl.full([1], tile, gl.int32, layout))
-    gl.thread_barrier()  # the number is in shared memory before the arrival that publishes it
+    warps_barrier()  # the number is in shared memory before the arrival that publishes it
     release_stage(tile_ready, j)
 
 
@@ -180,7 +182,7 @@ def _take_tile(tile_ids, tile_ready, tile_free, j, num_warps: gl.constexpr):
     slot = wait_stage_ready(tile_ready, j)
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     tile = gl.max(tile_ids.index(slot).load(layout), axis=0)
-    gl.thread_barrier()  # every warp has read the number before the slot is handed back
+    warps_barrier()  # every warp has read the number before the slot is handed back
     release_stage(tile_free, j)
     return tile
 
@@ -235,16 +237,16 @@ def _store_piece(staging, piece, r: gl.constexpr, c_desc, c_high_desc, tile_m, o
     WIDTH: gl.constexpr = staging.shape[2]
     buffer = staging.index(r % BUFFERS)
     tma.store_wait(BUFFERS - 1)
-    gl.thread_barrier()  # no warp writes the buffer before the store that read it is done
+    warps_barrier()  # no warp writes the buffer before the store that read it is done
     buffer.store(piece)
     fence_async_shared()
-    gl.thread_barrier()
+    warps_barrier()
     # The tile decides: the second warpgroup's rows of a last tile can start past M = HIGH_FROM (clipped).
     off_m = tile_m + WARPGROUP * ROWS
     if tile_m < HIGH_FROM:
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n + r * WIDTH], buffer)
+        tma_store(c_desc, [off_m, off_n + r * WIDTH], buffer)
     else:
-        tma.async_copy_shared_to_global(c_high_desc, [off_m - HIGH_FROM, off_n + r * WIDTH], buffer)
+        tma_store(c_high_desc, [off_m - HIGH_FROM, off_n + r * WIDTH], buffer)
 
 
 @gluon.jit

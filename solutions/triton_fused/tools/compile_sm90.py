@@ -6,10 +6,10 @@ plan's call would compile, with its shared memory and its SASS's local-memory ac
 Triton's JIT compiles for the target its active driver names: here a driver that names sm_90 (CUDA 12-13's PTX, the
 ptxas and nvdisasm Triton ships) and launches nothing. Each T's call runs the launcher's code (solution._issue) on CPU
 tensors of the plan's shapes with hidden 512 and ffn 1024 (the kernels specialise on dtypes, 16-byte alignment and
-their constexprs, not on sizes), every launch replaced by `warmup`, which compiles it. The Gluon kernels need the
-Triton the device runs (3.6 here; Gluon's API moves between releases); Triton's kernels compile under later ones too.
-So a kernel edit can be checked for front-end errors, shared memory past the 227 KB an SM gives a block (the exit
-status is 1 then) and spills before any device time is spent.
+their constexprs, not on sizes), every launch replaced by `warmup`, which compiles it. So a kernel edit can be
+checked for front-end errors, shared memory past the 227 KB an SM gives a block (the exit status is 1 then) and spills
+before any device time is spent. Under the device's Triton (3.6) the binaries are the device's; later releases compile
+the same sources (gluon_common.py binds the Gluon names they changed) with their own code generation.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
-from triton.experimental.gluon._runtime import GluonJITFunction
 from triton.runtime import driver
 
 from harness.registry import get_solution
@@ -34,7 +33,6 @@ from reference.problem import INPUTS, OUTPUTS, Dims
 # One T per bucket of plan.PLANS, and both sides of the change of dx's tiles above 1024.
 DEFAULT_TOKENS = (64, 128, 149, 192, 256, 320, 384, 1024, 2048, 2049)
 SHARED_MEMORY_LIMIT = 227 * 1024  # bytes of shared memory one block may take on an H100/H200
-GLUON_TRITON = "3.6."  # the Triton release whose Gluon API the Gluon kernels are written for (the device's)
 
 
 class Sm90Driver(DriverBase):
@@ -90,18 +88,14 @@ def call_tensors(tokens: int) -> list[torch.Tensor]:
     return [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype) for spec in (*INPUTS, *OUTPUTS)]
 
 
-def compile_plan(module, tokens: int) -> list[tuple[str, int | None, int | None]]:
-    """(kernel, shared memory bytes, spills) of every launch of the call at T = tokens under its bucket's plan; a
-    Gluon kernel under another Triton than GLUON_TRITON is listed uncompiled, (kernel, None, None)."""
+def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None]]:
+    """(kernel, shared memory bytes, spills) of every launch of the call at T = tokens under its bucket's plan."""
     tensors = call_tensors(tokens)
     plan = module.plan_for(tokens)
     p = module._new_problem(tensors, plan, torch.float16, module.StreamScratch(torch.device("cpu")))
     compiled = []
 
     def compile_launch(kernel, grid, *args, **kwargs) -> None:
-        if isinstance(kernel, GluonJITFunction) and not triton.__version__.startswith(GLUON_TRITON):
-            compiled.append((kernel.fn.__name__, None, None))
-            return
         binary = kernel.warmup(*args, grid=grid, **kwargs)
         compiled.append((kernel.fn.__name__, binary.metadata.shared, spills(binary.asm["cubin"])))
 
@@ -124,10 +118,6 @@ def main() -> None:
     over = False
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, shared, spilled in compile_plan(module, tokens):
-            if shared is None:
-                print(f"T = {tokens:5d}  {name:28s} not compiled: a Gluon kernel, for Triton {GLUON_TRITON}x (this is "
-                      f"{triton.__version__})", flush=True)  # fmt: skip
-                continue
             over |= shared > SHARED_MEMORY_LIMIT
             note = "  <- over the limit" if shared > SHARED_MEMORY_LIMIT else ""
             print(f"T = {tokens:5d}  {name:28s} shared {shared:7d} B  spills {spilled}{note}", flush=True)
