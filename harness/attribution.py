@@ -11,7 +11,9 @@ From an idle device a one-element fill is launched right before the call: the GP
 issued it, so its start marks the call's entry on the GPU's clock, and the call's first activity starts later by the
 host's time to its first launch (the launch latency, the same for both, cancels). That lead-in, which the public
 evaluator's span leaves out, and the idle time inside the span (the GPU waiting for launches) are what a call's
-latency adds to its kernels' time.
+latency adds to its kernels' time. Both are read under the profiler, whose callbacks add host time to every launch,
+so the lead-in is an upper bound (call latency less the span bounds it from below); the span and the activities'
+durations are the GPU's own.
 """
 
 from __future__ import annotations

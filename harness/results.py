@@ -225,7 +225,9 @@ class KernelProfile(BaseModel):
     lead_in_us: float | None = Field(
         default=None,
         description="median over the calls of the host's time from entering the call to its first activity's start, "
-        "from an idle device (harness.attribution): the part of call latency the span leaves out",
+        "from an idle device (harness.attribution): the part of call latency the span leaves out, as the profiler "
+        "sees it; its callbacks add host time to every launch, so an upper bound (call latency less the span bounds it "
+        "from below)",
     )
     kernels: list[KernelRun] = Field(description="the activities of the call whose span is the median")
     note: str = ""
