@@ -88,7 +88,10 @@ def load_frame(
                     "sustained_us": _optional_mean(w.sustained),
                     "sustained_ci_us": _half_width(w.sustained.timing if w.sustained else None),
                     "sustained_failed": bool(w.sustained and w.sustained.error),
-                    "sustained_paced": "HARNESS_PACED" in w.flags,
+                    # by today's rule where the file holds what it needs, the flag bench wrote otherwise
+                    "sustained_paced": w.sustained.harness_paced(w.device_us)
+                    if w.sustained and w.sustained.drained_share is not None and w.device_us
+                    else "HARNESS_PACED" in w.flags,
                     # results before drained_share flagged by host times alone, which count waits on a full queue
                     "paced_by_host_times": bool(w.sustained and w.sustained.timing and w.sustained.drained_share is None),
                 }

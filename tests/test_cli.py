@@ -556,3 +556,20 @@ def test_bench_means_what_compare_means(tmp_path: Path, make_solution) -> None:
     output = " ".join(bench.output.split())
     assert f"wrong_at_t16: passed 2/3; mean call latency {sum(w.latency_us for w in passed) / 2:,.1f} us" in output
     assert f"mean device time {sum(w.device_us for w in passed) / 2:,.1f} us over the 2 passed" in output
+
+
+def test_compare_flags_pacing_by_todays_rule_where_the_file_allows(tmp_path: Path) -> None:
+    """Where a result holds drained_share, compare decides HARNESS_PACED by the current rule; elsewhere it reads the flag
+    bench wrote."""
+    device = tmp_path / "nvidia-h200"
+    shutil.copytree(RESULTS_DIR / "nvidia-h200", device)
+    result = load_result(device / "triton_fused.json")
+    first, second, older = result.workloads[:3]
+    first.sustained.drained_share, first.flags = 0.9, []
+    second.sustained.drained_share, second.flags = 0.0, ["HARNESS_PACED"]
+    older.sustained.drained_share, older.flags = None, ["HARNESS_PACED"]  # as written before drained_share
+    save(result, device / "triton_fused.json")
+    frame = comparing.load_frame(tmp_path).query("solution == 'triton_fused'").set_index("index")
+    assert frame.sustained_paced[first.index] and not frame.sustained_paced[second.index]
+    assert frame.sustained_paced[older.index] and frame.paced_by_host_times[older.index]
+    assert not frame.paced_by_host_times[first.index]

@@ -340,6 +340,9 @@ def test_the_sustained_timing_tells_the_harness_host_time_from_the_solution_s(mo
     # the solution's own pace (HOST_BOUND): its calls' mean follows its host, a little above it
     assert not paced.model_copy(update={"host_us": 1900.0}).harness_paced(device_us=1500.0)
     assert not paced.model_copy(update={"drained_share": None}).harness_paced(device_us=2000.0)  # on a CPU
+    # a tenth of the calls finding the GPU idle is enough: each of them times the solution's own lead-in
+    assert paced.model_copy(update={"drained_share": 0.2}).harness_paced(2000.0)
+    assert not paced.model_copy(update={"drained_share": 0.05}).harness_paced(2000.0)
 
 
 @pytest.mark.gpu
