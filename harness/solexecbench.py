@@ -287,10 +287,6 @@ class BuildSpec(BaseModel):
         return all(language in get_args(PythonLanguage) for language in self.languages)
 
 
-def _imports_relatively(source: str) -> bool:
-    return any(isinstance(node, ast.ImportFrom) and node.level > 0 for node in ast.walk(ast.parse(source)))
-
-
 class PublicSolution(BaseModel):
     """solution.json, with the rules the public evaluator enforces: Python and C++ languages are not mixed, a Python
     solution's entry point is a Python file among the sources, and since the evaluator imports that file as a module
@@ -316,13 +312,16 @@ class PublicSolution(BaseModel):
             return self
         if not entry_file.endswith(".py"):
             raise ValueError(f"entry point file '{entry_file}' of a Python solution ({', '.join(languages)}) is not a .py file")
+        trees = {}
         for source in self.sources:
             if source.path.endswith(".py"):
                 try:
-                    ast.parse(source.content)
+                    trees[source.path] = ast.parse(source.content)
                 except SyntaxError as exc:
                     raise ValueError(f"source '{source.path}' is not valid Python: {exc.msg} (line {exc.lineno})") from None
-        relative = [s.path for s in self.sources if s.path.endswith(".py") and _imports_relatively(s.content)]
+        relative = [
+            path for path, tree in trees.items() if any(isinstance(n, ast.ImportFrom) and n.level > 0 for n in ast.walk(tree))
+        ]
         if relative and "/" not in entry_file:
             raise ValueError(f"{', '.join(relative)} import relatively, so the entry point must name a package folder "
                              f"('<package>/{entry_file}'): the evaluator imports '{entry_file}' as a top-level module")  # fmt: skip
