@@ -107,10 +107,16 @@ def _read_json_lines(path: Path, model: type[BaseModel]) -> list[tuple[int, Base
         try:
             lines.append((number, model.model_validate_json(raw)))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "(the line)"
-            raise FormatError(f"{path}: line {number}: field '{field}': {first['msg']}") from None
+            raise FormatError(f"{path}: line {number}: {_first_error(exc, whole='(the line)')}") from None
     return lines
+
+
+def _first_error(exc: ValidationError, whole: str = "") -> str:
+    """The first error pydantic found, as "field 'a.b': message"; one in the whole input names `whole` as its field,
+    or no field where `whole` is empty."""
+    first = exc.errors()[0]
+    field = ".".join(map(str, first["loc"])) or whole
+    return f"field '{field}': {first['msg']}" if field else first["msg"]
 
 
 def read_workload_lines(path: Path) -> list[WorkloadLine]:
@@ -406,9 +412,7 @@ def _validated(path: Path, model: type[BaseModel], data: object, within: str = "
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = f"field '{'.'.join(map(str, first['loc']))}': " if first["loc"] else ""
-        raise FormatError(f"{path}: {within}{field}{first['msg']}") from None
+        raise FormatError(f"{path}: {within}{_first_error(exc)}") from None
 
 
 def _package_sources(path: Path, sources: list[SourceFile], package: str) -> tuple[dict[str, str], list[str]]:
