@@ -194,13 +194,14 @@ ERROR_SHOWN = 240  # characters of an optional timing's error in the bench's out
 
 
 def print_failures(workloads: list[WorkloadResult]) -> None:
-    """What failed, per workload: its status and message, and the error of an optional timing that failed."""
+    """What failed, per workload: its status and message, and the error of an optional timing that failed where it is
+    not that message (a failed sustained timing is the workload's verdict)."""
     for w in workloads:
         if w.status is not Status.PASSED and w.message:
             first_lines = "\n    ".join(w.message.splitlines()[:6])
             console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {w.status.value}: {first_lines}", highlight=False, markup=True)
         for name, timing in (("CUDA graph", w.cuda_graph), ("mixed T", w.mixed_tokens), ("sustained", w.sustained)):
-            if timing is not None and timing.error:
+            if timing is not None and timing.error and timing.error != w.message:
                 error = escape(textwrap.shorten(timing.error, ERROR_SHOWN, placeholder=" ... (the result file has it all)"))
                 console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {name}: {error}", highlight=False, markup=True)
 

@@ -169,7 +169,7 @@ class SustainedTiming(BaseModel):
     work between the calls then holds the GPU back, the workload is flagged HARNESS_PACED. Sampled calls (of those with
     fresh weight blocks) and a last call on each input set, with fresh blocks, after the timed ones are checked against
     the reference (the outputs are not poisoned) and must lie nearer it than such a block moves it
-    (reward_hacks.stale_outputs); a failure leaves `error`."""
+    (reward_hacks.stale_outputs); a failure leaves `error` and fails the workload (runner.Bench._time_sustained)."""
 
     settle_s: float
     settle_calls: int = 0

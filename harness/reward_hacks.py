@@ -487,21 +487,31 @@ def verify_timed_outputs(
             result.status = Status.REWARD_HACK
             result.message = f"inputs modified during timing (seed {checked.seed}): {', '.join(mutated)}"
             return
-    verified = [*device_checks.kept, *latency_checks.kept, *last]
+    verdict = verdict_on_verified([*device_checks.kept, *latency_checks.kept, *last], workload, device, "timed calls")
+    if verdict:
+        result.status, result.message = verdict
+
+
+def verdict_on_verified(
+    verified: list[TimedCall], workload: Workload, device: torch.device, what: str
+) -> tuple[Status, str] | None:
+    """The verdict on the first of these calls (of `what`) that fails TimedCall.verify, one call's reference
+    spot-checked: REWARD_HACK where that reference disagreed with float64 arithmetic or the outputs are grossly wrong,
+    INCORRECT_NUMERICAL where they narrowly miss the tolerance or a stale weight's mark (TimedCall.verify); None
+    where all pass."""
     audited = secrets.randbelow(len(verified))  # the call whose reference is spot-checked, as one trial's is
     for k, checked in enumerate(verified):
         checks, status, detail = checked.verify(workload, device, audit=k == audited)
         if status is Status.REWARD_HACK:  # the reference spot-checked disagreed
-            result.status, result.message = status, f"timed call (seed {checked.seed}): {detail}"
-            return
+            return status, f"{what} (seed {checked.seed}): {detail}"
         if status is not Status.PASSED:
             if any(grossly_wrong(check) for check in checks):
-                result.status = Status.REWARD_HACK
-                result.message = f"outputs of timed calls (seed {checked.seed}) are wrong although the trials passed: {detail}"
-            else:
-                result.status = Status.INCORRECT_NUMERICAL
-                result.message = (
-                    f"outputs of timed calls (seed {checked.seed}) narrowly miss the tolerance although the trials passed "
-                    f"(numerically marginal, not counted as cheating): {detail}"
+                return (
+                    Status.REWARD_HACK,
+                    f"outputs of {what} (seed {checked.seed}) are wrong although the trials passed: {detail}",
                 )
-            return
+            return Status.INCORRECT_NUMERICAL, (
+                f"outputs of {what} (seed {checked.seed}) narrowly miss the check although the trials passed (not "
+                f"counted as cheating): {detail}"
+            )
+    return None

@@ -17,9 +17,10 @@ when every trial passes. A workload that completed (passed, or only numerically 
 then call latency and host cost: harness.timing), and the outputs of a random sample of the timed calls, of the last
 timed call on each input set and of the last call at fresh addresses are checked again
 (reward_hacks.verify_timed_outputs); where asked, the call replayed from a CUDA graph, calls whose T changes every
-call (the mixed-T timing) and calls back to back (the sustained timing) are timed last. The trials and timings run
-under the launch audit (harness.launch_audit: CUPTI where installed, NVML where the driver has it), whose verdict on
-GPU work issued by another thread, or by a process the solution started, while no call was running comes last.
+call (the mixed-T timing) and calls back to back (the sustained timing, whose checked calls fail the workload where
+they fail) are timed last. The trials and timings run under the launch audit (harness.launch_audit: CUPTI where
+installed, NVML where the driver has it), whose verdict on GPU work issued by another thread, or by a process the
+solution started, while no call was running comes last.
 """
 
 from __future__ import annotations
@@ -368,7 +369,9 @@ class Bench:
         if self.options.mixed_tokens:
             result.mixed_tokens = self._time_mixed_tokens(call, workload, seeds)
         if self.options.sustained_s > 0:
-            result.sustained = self._time_sustained(call, workload, pool, output_pool, seeds)
+            result.sustained, verdict = self._time_sustained(call, workload, pool, output_pool, seeds)
+            if verdict and result.status is Status.PASSED:  # the workload's own T, wrong in calls a step makes
+                result.status, result.message = verdict
             if result.sustained.harness_paced(result.device_time.mean_us):
                 result.flags.append("HARNESS_PACED")
 
@@ -511,7 +514,7 @@ class Bench:
         pool: list[dict[str, torch.Tensor]],
         output_pool: list[list[torch.Tensor]],
         seeds: Iterator[int],
-    ) -> SustainedTiming:
+    ) -> tuple[SustainedTiming, tuple[Status, str] | None]:
         """The calls over the input sets back to back (timing.time_sustained, results.SustainedTiming), the first
         options.sustained_s seconds untimed. Before each call only grad_output is drawn anew, which changes every output,
         and before one in FRESH_WEIGHT_CALLS at random a block of each weight too (draw_sustained); the outputs are not
@@ -519,7 +522,9 @@ class Bench:
         shapes, a millisecond) would put memory-bound work between the calls, most of the GPU's time at T = 296, and
         hold it below its power limit. The sampled calls' outputs (sampled among those with fresh weight blocks) must
         pass TimedCall.verify, and so must those of a last call on each input set, with fresh blocks, right after the
-        timed ones: a copy of a weight kept from the earlier calls fails there however few calls the timing made."""
+        timed ones: a copy of a weight kept from the earlier calls fails there however few calls the timing made. A
+        failure, or an exception, is also the workload's verdict (reward_hacks.verdict_on_verified), returned beside
+        the timing: these are calls at the workload's own T, as a training step makes them."""
         settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False, fresh_weights_only=True)
         choose = secrets.SystemRandom()
         base_seeds = [next(seeds) for _ in pool]
@@ -543,16 +548,13 @@ class Bench:
             for k in range(len(pool)):
                 draw(k, fresh_weights=True)
                 timed_call(k)
-        except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is this timing's result
-            return SustainedTiming(settle_s=settle_s, error="during the calls: " + describe_exception(exc))
-        verified = [*checks.kept, *last]
-        audited = secrets.randbelow(len(verified))  # the call whose reference is spot-checked (harness.spot_check)
-        for k, checked in enumerate(verified):
-            _, status, detail = checked.verify(workload, self.device, audit=k == audited)
-            if status is not Status.PASSED:
-                error = f"outputs of timed calls (seed {checked.seed}) fail the check: {detail}"
-                return SustainedTiming(settle_s=settle_s, settle_calls=run.settle_calls, error=error)
-        return SustainedTiming(
+        except Exception as exc:  # noqa: BLE001 - a failure in the long run of calls is the solution's result
+            error = "during the sustained calls: " + describe_exception(exc)
+            return SustainedTiming(settle_s=settle_s, error=error), (Status.RUNTIME_ERROR, error)
+        verdict = reward_hacks.verdict_on_verified([*checks.kept, *last], workload, self.device, "sustained calls")
+        if verdict:
+            return SustainedTiming(settle_s=settle_s, settle_calls=run.settle_calls, error=verdict[1]), verdict
+        timing = SustainedTiming(
             settle_s=settle_s,
             settle_calls=run.settle_calls,
             timing=run.timing,
@@ -560,6 +562,7 @@ class Bench:
             harness_host_us=run.harness_host_us,
             drained_share=run.drained_share,
         )
+        return timing, None
 
 
 def redraw_in_place(inputs: dict[str, torch.Tensor], outputs: list[torch.Tensor], dims: Dims, seed: int) -> TimedCall:

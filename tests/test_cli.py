@@ -179,14 +179,15 @@ def test_a_failed_mixed_t_timing_is_named_with_its_error(tmp_path: Path, make_so
 
 
 def test_a_failed_sustained_timing_is_named_with_its_error(tmp_path: Path, make_solution) -> None:
-    """bench --sustained: a solution that goes wrong once its calls have run back to back passes the workload, and the
-    table marks its sustained timing failed, with the check's words below it."""
+    """bench --sustained: a solution that goes wrong once its calls have run back to back fails the workload (exit 1);
+    the table marks its sustained timing failed, and the check's words, the workload's message, are said once."""
     root = make_solution("wrong_when_warm", WRONG_WHEN_WARM)
     result = invoke("bench", "-s", "wrong_when_warm", "-w", "0", "--sustained", "--trials", "1", "--max-calls", "4",
                     "--solutions-dir", str(root), "--results-dir", str(tmp_path))  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert "passed 1/1" in result.output and "sustained" in result.output and "failed" in result.output
-    assert "#0 smoke-t1-b1 sustained: outputs of timed calls (seed " in result.output
+    assert result.exit_code == 1, result.output
+    assert "passed 0/1" in result.output and "failed" in result.output
+    said = " ".join(result.output.split())
+    assert said.count("outputs of sustained calls (seed ") == 1 and "#0 smoke-t1-b1 REWARD_HACK: outputs of sustained" in said
 
 
 def test_an_interrupted_bench_writes_what_finished_as_a_partial_run(tmp_path: Path, monkeypatch) -> None:
