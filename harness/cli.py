@@ -459,6 +459,22 @@ def pacing_notes(frame) -> list[str]:
     return notes
 
 
+def failed_timing_notes(frame) -> list[str]:
+    """A line per solution, device and optional timing (mixed T, sustained) that failed on a workload the file marks
+    passed, whose mean over the passed workloads compare therefore leaves out."""
+    notes = []
+    for (slug, solution), rows in frame.groupby(["device", "solution"], sort=False):
+        for name, failed in (("mixed-T", rows.mixed_failed), ("sustained", rows.sustained_failed)):
+            failed = rows[failed & (rows.status == Status.PASSED.value)]
+            if failed.empty:
+                continue
+            where = ", ".join(f"#{i} (T = {t})" for i, t in zip(failed["index"], failed["T"]))
+            rule = " (the file predates the rule by which that fails the workload)" if name == "sustained" else ""
+            notes.append(f"{solution}'s {name} timing on {slug} failed its check at {where}, passed otherwise{rule}: "
+                         f"no mean {name} time; the result file has the error")  # fmt: skip
+    return notes
+
+
 def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
     """The result frame of the chosen solutions (names repeated or joined by commas, as bench takes them); a solution
     asked for without results is an error, not a row left out."""
@@ -467,7 +483,7 @@ def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if not frame.empty:
-        for note in pacing_notes(frame):
+        for note in pacing_notes(frame) + failed_timing_notes(frame):
             errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
     if frame.empty or missing:

@@ -15,7 +15,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from harness import compare as comparing
-from harness.cli import app, pacing_notes
+from harness.cli import app, failed_timing_notes, pacing_notes
 from harness.registry import discover
 from harness.results import RESULTS_DIR, load_result, save
 from harness.status import Status
@@ -504,6 +504,21 @@ def test_pacing_notes_name_the_fewer_workloads() -> None:
         "a's sustained time on h200 at #0 (T = 64), #1 (T = 128)" + tail,
         "b's sustained time on h200 at 7 of its 8 workloads (all but #3 (T = 64))" + tail,
         "c's sustained time on h200 at 6 of its 6 workloads" + old_rule,
+    ]
+
+
+def test_failed_timing_notes_name_passed_workloads_whose_timing_failed() -> None:
+    """A note per solution and optional timing that failed where the workload passed (the mean compare leaves out);
+    a failed timing on a failed workload needs none."""
+    rows = [("a", 0, 64, "PASSED", True, False), ("a", 1, 128, "PASSED", False, True), ("a", 2, 256, "PASSED", False, False)]
+    rows += [("b", 0, 64, "INCORRECT_NUMERICAL", True, True)]
+    columns = ["solution", "index", "T", "status", "mixed_failed", "sustained_failed"]
+    frame = pd.DataFrame(rows, columns=columns).assign(device="h200")
+    tail = ": no mean {} time; the result file has the error"
+    rule = " (the file predates the rule by which that fails the workload)"
+    assert failed_timing_notes(frame) == [
+        "a's mixed-T timing on h200 failed its check at #0 (T = 64), passed otherwise" + tail.format("mixed-T"),
+        "a's sustained timing on h200 failed its check at #1 (T = 128), passed otherwise" + rule + tail.format("sustained"),
     ]
 
 
