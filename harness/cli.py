@@ -464,8 +464,8 @@ def failed_timing_notes(frame) -> list[str]:
     passed, whose mean over the passed workloads compare therefore leaves out."""
     notes = []
     for (slug, solution), rows in frame.groupby(["device", "solution"], sort=False):
-        for name, failed in (("mixed-T", rows.mixed_failed), ("sustained", rows.sustained_failed)):
-            failed = rows[failed & (rows.status == Status.PASSED.value)]
+        for name, timing_failed in (("mixed-T", rows.mixed_failed), ("sustained", rows.sustained_failed)):
+            failed = rows[timing_failed & (rows.status == Status.PASSED.value)]
             if failed.empty:
                 continue
             where = ", ".join(f"#{i} (T = {t})" for i, t in zip(failed["index"], failed["T"]))
