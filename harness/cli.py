@@ -438,21 +438,23 @@ def list_cmd(
     console.print(table)
 
 
+def _named_workloads(rows) -> str:
+    """Workload rows of a result frame as a note names them: "#3 (T = 196), #4 (T = 128)"."""
+    return ", ".join(f"#{i} (T = {t})" for i, t in zip(rows["index"], rows["T"]))
+
+
 def pacing_notes(frame) -> list[str]:
     """A line per solution and device whose sustained time some workloads flag HARNESS_PACED, naming those workloads,
     or, where they are most of many, the others."""
-
-    def named(rows) -> str:
-        return ", ".join(f"#{i} (T = {t})" for i, t in zip(rows["index"], rows["T"]))
-
     notes = []
     for (slug, solution), rows in frame.groupby(["device", "solution"], sort=False):
         paced, others = rows[rows.sustained_paced], rows[~rows.sustained_paced]
         if paced.empty:
             continue
-        where = named(paced)
+        where = _named_workloads(paced)
         if len(paced) > max(4, len(others)):
-            where = f"{len(paced)} of its {len(rows)} workloads" + (f" (all but {named(others)})" if len(others) else "")
+            all_but = f" (all but {_named_workloads(others)})" if len(others) else ""
+            where = f"{len(paced)} of its {len(rows)} workloads{all_but}"
         verdict = ("was flagged HARNESS_PACED by host times alone, which count waits on a full queue: not conclusive"
                    if paced.paced_by_host_times.any() else "was paced by the harness's host (HARNESS_PACED): an upper bound")  # fmt: skip
         notes.append(f"{solution}'s sustained time on {slug} at {where} {verdict}")
@@ -468,7 +470,7 @@ def failed_timing_notes(frame) -> list[str]:
             failed = rows[timing_failed & (rows.status == Status.PASSED.value)]
             if failed.empty:
                 continue
-            where = ", ".join(f"#{i} (T = {t})" for i, t in zip(failed["index"], failed["T"]))
+            where = _named_workloads(failed)
             rule = " (the file predates the rule by which that fails the workload)" if name == "sustained" else ""
             notes.append(f"{solution}'s {name} timing on {slug} failed its check at {where}, marked PASSED{rule}: "
                          f"no mean {name} time; the result file has the error")  # fmt: skip
