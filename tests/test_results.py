@@ -7,13 +7,16 @@ import pytest
 import torch
 
 from harness import provenance
+from harness.provenance import REPO_ROOT
 from harness.registry import get_solution
-from harness.results import ResultsError, TimingStats, load_result, result_path, save
+from harness.results import ResultsError, TimingStats, find_results, load_calibration, load_result, result_path, save
+from harness.roofline import DevicePeaks, sol_time_us
 from harness.runner import Bench, BenchOptions
 from harness.scoring import Baseline, Scorer
 from harness.status import Status
 from harness.timing import TimingConfig
 from harness.workloads import load_named_suite
+from reference.problem import Dims
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,24 @@ def test_baseline_comes_from_every_suites_full_runs(tmp_path: Path, bench_result
         )
     baseline = Scorer(torch.device("cpu"), tmp_path).baseline_from_file()
     assert baseline == {w.uuid: Baseline(w.latency_us, w.device_us) for w in (first, second)}
+
+
+def test_the_committed_run_is_scored_against_its_own_calibration_and_baseline() -> None:
+    """Every committed result file's measured SOL comes from the committed calibration and its T_b from the committed
+    reference_fp32: a bench that found another run's calibration.json or baseline in its results folder (the device
+    tool copies the working tree anew for every call) scores against them, and would read as this run's."""
+    results = REPO_ROOT / "results"
+    calibration = load_calibration(results, "nvidia-h200")
+    measured = DevicePeaks("measured", calibration.matmul_flops_per_s, calibration.copy_bytes_per_s, calibration.method)
+    reference = load_result(result_path(results, "nvidia-h200", "reference_fp32"))
+    baseline = {w.uuid: (w.latency_us, w.device_us) for w in reference.workloads}
+    paths = find_results(results) + find_results(results, suite="step")
+    assert len(paths) == 9  # the seven solutions and the step suite's two
+    for path in paths:
+        for w in load_result(path).workloads:
+            dims = Dims(w.batch_seq_len, w.num_tokens, w.hidden_dim, w.ffn_dim)
+            assert w.sol_us_measured == pytest.approx(sol_time_us(dims, measured), rel=1e-12), (path, w.index)
+            assert (w.baseline_us, w.device_baseline_us) == baseline.get(w.uuid, (None, None)), (path, w.index)
 
 
 def test_provenance_and_seeds_are_recorded(bench_result) -> None:
