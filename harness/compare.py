@@ -1,7 +1,8 @@
 """Comparing result files: pandas frames per workload and per solution, rendered as a rich table, CSV or Markdown.
 
-The SOL score is recomputed here from the baseline (reference_fp32) file of the same device, so that a
-baseline benched after a solution still scores it. A workload that did not pass scores S = 0, and its time counts
+The SOL score is recomputed here from the baseline (reference_fp32) file of the same device, and %SOL with measured
+ceilings from its calibration file, so that a baseline benched or a calibration measured after a solution still scores
+it, and every solution of a device against the same ones. A workload that did not pass scores S = 0, and its time counts
 in no mean: solutions rank by workloads passed, then by mean call latency over those.
 
 Where the public SOL-ExecBench evaluator's own traces of a solution are kept beside its result
@@ -28,11 +29,13 @@ from harness.results import (
     SustainedTiming,
     TimingStats,
     find_results,
+    load_calibration,
     load_result,
 )
-from harness.roofline import sol_score
+from harness.roofline import DevicePeaks, percent_of_sol, sol_score, sol_time_us
 from harness.solexecbench import FormatError, read_traces
 from harness.status import Status
+from reference.problem import Dims
 
 
 def load_frame(
@@ -53,12 +56,15 @@ def load_frame(
             continue
         if solutions is not None and result.solution.name not in solutions:
             continue
+        measured = _measured_peaks(results_dir, slug, skipped)
         try:
             public = public_latencies(results_dir / slug / PUBLIC_EVALUATOR_FOLDER / f"{result.solution.name}.jsonl")
         except FormatError as exc:  # the comparison goes on without the evaluator's column for this solution
             skipped.append(str(exc))
             public = {}
         for w in result.workloads:
+            dims = Dims(w.batch_seq_len, w.num_tokens, w.hidden_dim, w.ffn_dim)
+            sol_measured = sol_time_us(dims, measured) if measured else w.sol_us_measured
             rows.append(
                 {
                     "device": slug,
@@ -78,9 +84,9 @@ def load_frame(
                     "lead_in_us": _lead_in(w.kernels),
                     "span_us": w.kernels.span_us if w.kernels and w.kernels.calls else math.nan,
                     "sol_us": w.sol_us,
-                    "sol_us_measured": w.sol_us_measured,
+                    "sol_us_measured": sol_measured,
                     "pct_sol": w.percent_of_sol,
-                    "pct_sol_measured": w.percent_of_sol_measured,
+                    "pct_sol_measured": percent_of_sol(w.latency_us, sol_measured) if w.latency_us and sol_measured else None,
                     "public_us": public.get(w.uuid, math.nan),
                     "mixed_us": _optional_mean(w.mixed_tokens),
                     "mixed_ci_us": _half_width(w.mixed_tokens.timing if w.mixed_tokens else None),
@@ -104,6 +110,18 @@ def load_frame(
 
 
 PUBLIC_EVALUATOR_FOLDER = "public-evaluator"
+
+
+def _measured_peaks(results_dir: Path, slug: str, skipped: list[str]) -> DevicePeaks | None:
+    """The device's measured ceilings (`harness calibrate`); None where it has none or its file cannot be read (named
+    in `skipped`), and each result keeps the ceilings its bench met."""
+    try:
+        calibration = load_calibration(results_dir, slug)
+    except ResultsError as exc:
+        if str(exc) not in skipped:
+            skipped.append(str(exc))
+        return None
+    return calibration.peaks() if calibration else None
 
 
 def _lead_in(profile: KernelProfile | None) -> float:

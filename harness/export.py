@@ -216,8 +216,9 @@ def _worst_errors(w: WorkloadResult) -> tuple[float | None, float | None]:
 
 
 def _compared(result: BenchResult, results_dir: Path, device_slug: str) -> pd.DataFrame:
-    """The result's rows as compare has them: its baseline latency and S from the baseline's current file, not the
-    one the bench met (a baseline benched after the solution, in another run, scores it here as in compare)."""
+    """The result's rows as compare has them: its baseline latency and S from the baseline's current file and its
+    measured %SOL from the device's current calibration, not those the bench met (a baseline benched or a calibration
+    measured after the solution scores it here as in compare)."""
     frame = load_frame(results_dir, device_slug)  # the baseline's rows too, which score the others
     return frame[(frame.suite == result.config.suite) & (frame.solution == result.solution.name)]
 
@@ -252,7 +253,7 @@ def leaderboard_record(
                 sustained_device_time_us=LatencyStats.of(w.sustained.timing if w.sustained else None),
                 flags=list(w.flags),
                 percent_of_sol=w.percent_of_sol,
-                percent_of_sol_measured=w.percent_of_sol_measured,
+                percent_of_sol_measured=_finite(scores.pct_sol_measured.get(w.uuid)),
                 sol_score=_finite(float(scores.sol_score.get(w.uuid, math.nan))),
                 device_sol_score=_finite(float(scores.device_sol_score.get(w.uuid, math.nan))),
                 max_abs_error=max_abs,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from harness.provenance import REPO_ROOT, Provenance
 from harness.registry import HashMethod
+from harness.roofline import DevicePeaks
 from harness.status import Status
 from harness.workloads import default_suite
 
@@ -352,6 +353,10 @@ class Calibration(BaseModel):
     matmul_flops_per_s: float = Field(gt=0, description="bf16 matmul on random data")
     method: str
     provenance: Provenance
+
+    def peaks(self) -> DevicePeaks:
+        """The measured ceilings as the roofline takes peaks."""
+        return DevicePeaks("measured", self.matmul_flops_per_s, self.copy_bytes_per_s, self.method)
 
 
 def folder_suite(device_slug: str) -> str:

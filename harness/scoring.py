@@ -12,7 +12,7 @@ import torch
 
 from harness import provenance
 from harness.results import BASELINE_SOLUTION, ResultsError, WorkloadResult, load_calibration, load_result, result_path
-from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
+from harness.roofline import datasheet_peaks, percent_of_sol, sol_score, sol_time_us
 from harness.status import Status
 from harness.workloads import Workload, available_suites
 from reference.problem import Dims, bytes_moved, flops
@@ -44,11 +44,7 @@ class Scorer:
         self.device_slug = provenance.device_slug(device)
         self.peaks = datasheet_peaks(provenance.device_name(device)) if device.type == "cuda" else None
         calibration = load_calibration(results_dir, self.device_slug) if device.type == "cuda" else None
-        self.measured_peaks = (
-            DevicePeaks("measured", calibration.matmul_flops_per_s, calibration.copy_bytes_per_s, calibration.method)
-            if calibration
-            else None
-        )
+        self.measured_peaks = calibration.peaks() if calibration else None
 
     def for_solution(self, name: str) -> Scorer:
         other = copy.copy(self)

@@ -353,6 +353,33 @@ def test_compare_counts_a_skipped_workload_as_neither_failed_nor_scored(tmp_path
     assert pd.isna(skipped.mean_us) and pd.isna(skipped.mean_sol_score) and pd.isna(skipped.mean_device_sol_score)
 
 
+def test_compare_scores_measured_sol_against_the_device_s_current_calibration(tmp_path: Path) -> None:
+    """A calibration measured after a solution's bench scores its %SOL with measured ceilings, as a later baseline
+    scores S: every solution of a device against the same ceilings. An unreadable calibration file is named, and each
+    result then keeps the ceilings its bench met."""
+    device = tmp_path / "nvidia-h200"
+    device.mkdir()
+    for name in ("triton_fused.json", "reference_fp32.json", "calibration.json"):
+        shutil.copy(RESULTS_DIR / "nvidia-h200" / name, device / name)
+
+    def measured_sol() -> tuple[pd.Series, str]:
+        result = invoke("compare", "--results-dir", str(tmp_path), "--format", "csv")
+        table = pd.read_csv(io.StringIO(result.stdout)).set_index("solution")
+        return table.mean_pct_sol_measured, result.output
+
+    as_benched, _ = measured_sol()
+    calibration = json.loads((device / "calibration.json").read_text())
+    calibration["matmul_flops_per_s"] /= 2
+    calibration["copy_bytes_per_s"] /= 2
+    (device / "calibration.json").write_text(json.dumps(calibration))
+    halved, _ = measured_sol()
+    assert halved.to_dict() == pytest.approx((2 * as_benched).to_dict(), rel=1e-9)
+    (device / "calibration.json").write_text("{not json")
+    kept, output = measured_sol()
+    assert kept.to_dict() == pytest.approx(as_benched.to_dict(), rel=1e-9)
+    assert "skipped:" in output and "calibration.json" in output
+
+
 def test_a_broken_manifest_stops_only_what_names_it(tmp_path: Path, make_solution) -> None:
     root = make_solution("good", "def run(*tensors):\n    pass\n")
     broken = root / "broken"

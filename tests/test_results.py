@@ -10,7 +10,7 @@ from harness import provenance
 from harness.provenance import REPO_ROOT
 from harness.registry import get_solution
 from harness.results import ResultsError, TimingStats, find_results, load_calibration, load_result, result_path, save
-from harness.roofline import DevicePeaks, sol_time_us
+from harness.roofline import sol_time_us
 from harness.runner import Bench, BenchOptions
 from harness.scoring import Baseline, Scorer
 from harness.status import Status
@@ -63,8 +63,7 @@ def test_the_committed_run_is_scored_against_its_own_calibration_and_baseline() 
     reference_fp32: a bench that found another run's calibration.json or baseline in its results folder (the device
     tool copies the working tree anew for every call) scores against them, and would read as this run's."""
     results = REPO_ROOT / "results"
-    calibration = load_calibration(results, "nvidia-h200")
-    measured = DevicePeaks("measured", calibration.matmul_flops_per_s, calibration.copy_bytes_per_s, calibration.method)
+    measured = load_calibration(results, "nvidia-h200").peaks()
     reference = load_result(result_path(results, "nvidia-h200", "reference_fp32"))
     baseline = {w.uuid: (w.latency_us, w.device_us) for w in reference.workloads}
     paths = find_results(results) + find_results(results, suite="step")
