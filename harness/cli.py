@@ -195,7 +195,7 @@ ERROR_SHOWN = 240  # characters of an optional timing's error in the bench's out
 
 def print_failures(workloads: list[WorkloadResult]) -> None:
     """What failed, per workload: its status and message, and the error of an optional timing that failed where it is
-    not that message (a failed sustained timing is the workload's verdict)."""
+    not that message (a failed mixed-T or sustained timing is the workload's verdict)."""
     for w in workloads:
         if w.status is not Status.PASSED and w.message:
             first_lines = "\n    ".join(w.message.splitlines()[:6])
@@ -471,9 +471,9 @@ def failed_timing_notes(frame) -> list[str]:
             if failed.empty:
                 continue
             where = _named_workloads(failed)
-            rule = " (the file predates the rule by which that fails the workload)" if name == "sustained" else ""
-            notes.append(f"{solution}'s {name} timing on {slug} failed its check at {where}, marked PASSED{rule}: "
-                         f"no mean {name} time; the result file has the error")  # fmt: skip
+            notes.append(f"{solution}'s {name} timing on {slug} failed its check at {where}, marked PASSED (the file "
+                         f"predates the rule by which that fails the workload): no mean {name} time; the result file has "
+                         "the error")  # fmt: skip
     return notes
 
 

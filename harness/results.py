@@ -142,7 +142,8 @@ class MixedTokensTiming(BaseModel):
     next, as a training step's experts make them. The calls cycle through `tokens` (the T nearest the workload's, the
     same work within a few percent), one round untimed (each T's first call), then `rounds` - 1 timed; against the
     call latency it shows what changing shape costs a solution once it has met each T. One call of each T, drawn at
-    random, is checked against the reference; a failure leaves `error`."""
+    random, is checked against the reference; a failure leaves `error` and fails the workload
+    (runner.Bench._time_mixed_tokens)."""
 
     tokens: list[int]
     rounds: int

@@ -446,16 +446,21 @@ class TimedCall:
             return checks, Status.INCORRECT_NUMERICAL, f"{stale} no nearer the reference than a fresh weight block moves it"
         return checks, status, detail
 
-    def failure(self, workload: Workload, device: torch.device, audit: bool = False) -> str:
-        """Why the call fails, checked right after it while its inputs are as it left them: inputs it modified, or
-        outputs that fail verify (with `audit`, as verify's); "" where it passes. Both against the inputs drawn again
-        from their seeds, so a call that rewrote its inputs (to zeros, say) cannot make the reference agree with its
-        outputs."""
+    def failure(self, workload: Workload, device: torch.device, audit: bool = False) -> tuple[Status, str] | None:
+        """Why the call fails, checked right after it while its inputs are as it left them: REWARD_HACK for inputs it
+        modified or, with `audit`, a reference that disagreed with float64 arithmetic; INCORRECT_NUMERICAL for outputs
+        that fail verify (at a shape or in a sequence the trials did not see, a wrong answer, not a sign of cheating);
+        None where it passes. Both against the inputs drawn again from their seeds, so a call that rewrote its inputs
+        (to zeros, say) cannot make the reference agree with its outputs."""
         mutated = guards.mutated_inputs(self.drawn_inputs(workload.dims, device), self.inputs)
         if mutated:
-            return f"inputs modified by the call (seed {self.seed}): {', '.join(mutated)}"
+            return Status.REWARD_HACK, f"inputs modified by the call (seed {self.seed}): {', '.join(mutated)}"
         _, status, detail = self.verify(workload, device, audit)
-        return "" if status is Status.PASSED else f"outputs (seed {self.seed}) fail the check: {detail}"
+        if status is Status.PASSED:
+            return None
+        if status is Status.REWARD_HACK:
+            return status, f"the call's reference (seed {self.seed}): {detail}"
+        return Status.INCORRECT_NUMERICAL, f"outputs (seed {self.seed}) fail the check: {detail}"
 
 
 def verify_timed_outputs(

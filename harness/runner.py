@@ -17,10 +17,10 @@ when every trial passes. A workload that completed (passed, or only numerically 
 then call latency and host cost: harness.timing), and the outputs of a random sample of the timed calls, of the last
 timed call on each input set and of the last call at fresh addresses are checked again
 (reward_hacks.verify_timed_outputs); where asked, the call replayed from a CUDA graph, calls whose T changes every
-call (the mixed-T timing) and calls back to back (the sustained timing, whose checked calls fail the workload where
-they fail) are timed last. The trials and timings run under the launch audit (harness.launch_audit: CUPTI where
-installed, NVML where the driver has it), whose verdict on GPU work issued by another thread, or by a process the
-solution started, while no call was running comes last.
+call (the mixed-T timing) and calls back to back (the sustained timing) are timed last, the checked calls of the
+last two failing the workload where they fail. The trials and timings run under the launch audit
+(harness.launch_audit: CUPTI where installed, NVML where the driver has it), whose verdict on GPU work issued by
+another thread, or by a process the solution started, while no call was running comes last.
 """
 
 from __future__ import annotations
@@ -367,7 +367,9 @@ class Bench:
         if self.options.cuda_graph:
             result.cuda_graph = self._time_graph(call, workload, pool[0], output_pool[0], seeds)
         if self.options.mixed_tokens:
-            result.mixed_tokens = self._time_mixed_tokens(call, workload, seeds)
+            result.mixed_tokens, verdict = self._time_mixed_tokens(call, workload, seeds)
+            if verdict and result.status is Status.PASSED:  # wrong where T changes from call to call, as in a step
+                result.status, result.message = verdict
         if self.options.sustained_s > 0:
             result.sustained, verdict = self._time_sustained(call, workload, pool, output_pool, seeds)
             if verdict and result.status is Status.PASSED:  # the workload's own T, wrong in calls a step makes
@@ -451,21 +453,25 @@ class Bench:
             return GraphTiming(error="replay failed: " + describe_exception(exc))
         checked.outputs = produced
         failure = checked.failure(workload, self.device, audit=True)
-        return GraphTiming(timing=timing, error=f"a last replay: {failure}" if failure else "")
+        return GraphTiming(timing=timing, error=f"a last replay: {failure[1]}" if failure else "")
 
-    def _time_mixed_tokens(self, call: SolutionCaller, workload: Workload, seeds: Iterator[int]) -> MixedTokensTiming | None:
+    def _time_mixed_tokens(
+        self, call: SolutionCaller, workload: Workload, seeds: Iterator[int]
+    ) -> tuple[MixedTokensTiming | None, tuple[Status, str] | None]:
         """Call latency of calls cycling through the T nearest the workload's (results.MixedTokensTiming): each call at
         fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; one call of each T, drawn at random
-        before the first, checked against the reference outside the timed window. None where B = 1 leaves no other T."""
+        before the first, checked against the reference outside the timed window (TimedCall.failure). None where B = 1
+        leaves no other T. A failure, or an exception, is also the workload's verdict, returned beside the timing: a
+        solution right at each T alone but wrong where T changes from call to call, as in a training step, is wrong."""
         tokens, rounds = mixed_token_counts(workload.dims), MIXED_TOKEN_ROUNDS
         if not tokens:
-            return None
+            return None, None
         inputs = allocate_inputs(replace(workload.dims, num_tokens=max(tokens)), self.device)
         fresh = FreshAddresses([*inputs.values(), *allocate_outputs(workload, self.device)], len(tokens) * rounds)
         del inputs
         verified = {t: 1 + secrets.randbelow(rounds - 1) for t in tokens}  # the timed round whose call is checked
         audited = secrets.choice(tokens)  # the T whose checked call's reference is spot-checked (harness.spot_check)
-        failures: dict[int, str] = {}
+        failures: dict[int, tuple[Status, str]] = {}
         current: dict[str, torch.Tensor] = {}
         buffers: list[torch.Tensor] = []
         drawn: list[TimedCall] = []  # the current call's
@@ -499,13 +505,16 @@ class Bench:
         samples: list[float] = []  # timed call k is of T tokens[k % len(tokens)]: the untimed round is one whole cycle
         try:
             latency, host = time_call_latency(timed_call, prepare, self.device, config, after, samples)
-        except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is this timing's result
-            return MixedTokensTiming(tokens=tokens, rounds=rounds, error="during the calls: " + describe_exception(exc))
+        except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is the solution's result
+            error = "during the mixed-T calls: " + describe_exception(exc)
+            return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error), (Status.RUNTIME_ERROR, error)
         if failures:
-            error = "checked calls fail: " + "; ".join(f"T = {t}: {failures[t]}" for t in tokens if t in failures)
-            return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error)
+            error = "checked mixed-T calls fail: " + "; ".join(f"T = {t}: {failures[t][1]}" for t in tokens if t in failures)
+            hack = any(status is Status.REWARD_HACK for status, _ in failures.values())
+            verdict = (Status.REWARD_HACK if hack else Status.INCORRECT_NUMERICAL), error
+            return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error), verdict
         tokens_us = [statistics.fmean(samples[k :: len(tokens)]) for k in range(len(tokens))]
-        return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host, tokens_us=tokens_us)
+        return MixedTokensTiming(tokens=tokens, rounds=rounds, timing=latency, host=host, tokens_us=tokens_us), None
 
     def _time_sustained(
         self,

@@ -167,20 +167,46 @@ def test_mixed_tokens_cycle_through_other_t_at_fresh_addresses(make_solution) ->
     assert frame.mixed_us.iloc[0] == mixed.timing.mean_us == comparing.summary(frame).mean_mixed_us.iloc[0]
 
 
-def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_alone(make_solution) -> None:
-    """Outputs checked at the other T: a solution right only at the T of its first call passes the workload, and its
-    mixed-T timing reports the failure instead of a time."""
-    root = make_solution("one_shape", ONE_SHAPE)
+# Right at the T of its first call; at any other T it raises.
+RAISES_AT_ANOTHER_T = """
+from reference import reference_backward
+
+FIRST = []
+
+def run(*tensors):
+    FIRST[:] = FIRST or [tensors[1].numel()]
+    if tensors[1].numel() != FIRST[0]:
+        raise RuntimeError("no plan for this T")
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "status", "words"),
+    [
+        (ONE_SHAPE, Status.INCORRECT_NUMERICAL, "checked mixed-T calls fail: T = "),
+        (RAISES_AT_ANOTHER_T, Status.RUNTIME_ERROR, "during the mixed-T calls: RuntimeError: no plan for this T"),
+    ],
+)
+def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_and_the_workload(
+    make_solution, source: str, status: Status, words: str
+) -> None:
+    """A solution right only at the T of its first call (zeros elsewhere, or an exception) passes the trials and the
+    short timings; its mixed-T timing, whose calls change T as a step's do, reports the failure instead of a time and
+    is the workload's verdict: a wrong answer, as a shape bug would give (not cheating), or a RUNTIME_ERROR."""
+    root = make_solution("one_shape", source)
     options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
     result = Bench(get_solution("one_shape", root), torch.device("cpu"), options, root.parent / "results").run(
         SMOKE, [SMOKE.workloads[4]]
     )
-    mixed = result.workloads[0].mixed_tokens
-    assert result.workloads[0].status.value == "PASSED"
-    assert mixed.timing is None and mixed.error.startswith("checked calls fail: T = ")
-    assert "fail the check: grad_hidden_states" in mixed.error
+    workload = result.workloads[0]
+    mixed = workload.mixed_tokens
+    assert workload.device_time is not None and workload.call_latency is not None
+    assert workload.status is status and workload.message == mixed.error
+    assert mixed.timing is None and mixed.error.startswith(words), mixed.error
     save(result, root.parent / "results" / "cpu" / "one_shape.json")
-    assert math.isnan(comparing.summary(comparing.load_frame(root.parent / "results")).mean_mixed_us.iloc[0])
+    assert comparing.summary(comparing.load_frame(root.parent / "results")).failed.iloc[0] == 1
 
 
 # Honest until T changes on three calls in a row, which only the mixed-T timing does: then it zeroes grad_output in
@@ -201,14 +227,14 @@ def run(*tensors):
 
 def test_mixed_t_calls_are_checked_against_their_inputs_drawn_again(make_solution) -> None:
     """A call that rewrites its inputs cannot bring the reference to its outputs: the checked calls' inputs are drawn
-    again from their seeds, and compared with what the call left."""
+    again from their seeds, and compared with what the call left; a modified input is REWARD_HACK, as in the trials."""
     root = make_solution("zeroes_inputs", ZEROES_ITS_INPUTS_AT_MIXED_T)
     options = BenchOptions(trials=2, timing=FAST, mixed_tokens=True)
     result = Bench(get_solution("zeroes_inputs", root), torch.device("cpu"), options, root.parent / "results").run(
         SMOKE, [SMOKE.workloads[4]]
     )
     mixed = result.workloads[0].mixed_tokens
-    assert result.workloads[0].status.value == "PASSED", result.workloads[0].message
+    assert result.workloads[0].status is Status.REWARD_HACK and result.workloads[0].message == mixed.error
     assert mixed.timing is None and "inputs modified by the call (seed " in mixed.error and "): grad_output" in mixed.error
 
 
