@@ -359,6 +359,32 @@ def stale_outputs(
 VERIFIED_TIMED_CALLS = 3
 
 
+class PoisonScan:
+    """Per call of a timing, whether an output element still holds NaN when the call ends: the poison the harness
+    filled the outputs with, left unwritten, or a NaN the call wrote. Each flag is issued as GPU work and all are read
+    after the timing, so the scan adds no wait between the calls."""
+
+    def __init__(self) -> None:
+        self._flags: list[torch.Tensor] = []
+
+    def after(self, outputs: list[object]) -> None:
+        left = [torch.isnan(out).any() for out in outputs if isinstance(out, torch.Tensor) and out.is_floating_point()]
+        self._flags.append(torch.stack(left).any() if left else torch.zeros((), dtype=torch.bool))
+
+    def poisoned_calls(self) -> list[int]:
+        """The calls (in order, from 0) whose outputs held NaN when they ended."""
+        return [i for i, flag in enumerate(torch.stack(self._flags).tolist()) if flag] if self._flags else []
+
+    def verdict(self, name: str) -> str:
+        """Why the calls of the `name` timing are REWARD_HACK (trials passed: the outputs were written then); "" where
+        every call wrote every output."""
+        poisoned = self.poisoned_calls()
+        if not poisoned:
+            return ""
+        return (f"{len(poisoned)} of {len(self._flags)} {name} calls left output elements unwritten or NaN (calls "
+                f"{', '.join(map(str, poisoned[:8]))}) although the trials passed")  # fmt: skip
+
+
 class TimedOutputChecks:
     """The checks of one timing's calls, made outside the timed window as each call ends (the timers' `after`).
 
@@ -373,20 +399,17 @@ class TimedOutputChecks:
     """
 
     def __init__(self, scan_unwritten: bool = True, fresh_weights_only: bool = False) -> None:
-        self.scan_unwritten = scan_unwritten
         self.fresh_weights_only = fresh_weights_only
         self.current: TimedCall | None = None  # the call being made (set by the timing's prepare)
         self.calls = 0
         self._candidates = 0  # the calls the sample is drawn from
         self.kept: list[TimedCall] = []
-        self._unwritten: list[torch.Tensor] = []  # per call, whether an output element still holds NaN
+        self.scan = PoisonScan() if scan_unwritten else None
         self._random = secrets.SystemRandom()
 
     def after(self, i: int) -> None:
-        if self.scan_unwritten:
-            produced = [out for out in self.current.outputs if isinstance(out, torch.Tensor)]
-            left = [torch.isnan(out).any() for out in produced if out.is_floating_point()]
-            self._unwritten.append(torch.stack(left).any() if left else torch.zeros((), dtype=torch.bool))
+        if self.scan is not None:
+            self.scan.after(self.current.outputs)
         self.calls += 1
         if self.fresh_weights_only and not self.current.fresh_weights:
             return
@@ -397,9 +420,9 @@ class TimedOutputChecks:
             outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs]
             self.kept[slot : slot + 1] = [replace(self.current, inputs={}, outputs=outputs, index=i)]
 
-    def poisoned_calls(self) -> list[int]:
-        """The calls (in order, from 0) whose outputs held NaN when they ended."""
-        return [i for i, flag in enumerate(torch.stack(self._unwritten).tolist()) if flag] if self._unwritten else []
+    def poisoned(self, name: str) -> str:
+        """PoisonScan.verdict of the calls ("" where not scanned)."""
+        return self.scan.verdict(name) if self.scan is not None else ""
 
 
 @dataclass
@@ -480,11 +503,9 @@ def verify_timed_outputs(
         result.status, result.message = Status.REWARD_HACK, habit
         return
     for name, checks in (("device-time", device_checks), ("call-latency", latency_checks)):
-        poisoned = checks.poisoned_calls()
+        poisoned = checks.poisoned(name)
         if poisoned:
-            result.status = Status.REWARD_HACK
-            result.message = (f"{len(poisoned)} of {checks.calls} {name} calls left output elements unwritten or NaN "
-                              f"(calls {', '.join(map(str, poisoned[:8]))}) although the trials passed")  # fmt: skip
+            result.status, result.message = Status.REWARD_HACK, poisoned
             return
     for checked in last:
         mutated = guards.mutated_inputs(checked.drawn_inputs(workload.dims, device), checked.inputs)

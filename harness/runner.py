@@ -460,8 +460,8 @@ class Bench:
     ) -> tuple[MixedTokensTiming | None, tuple[Status, str] | None]:
         """Call latency of calls cycling through the T nearest the workload's (results.MixedTokensTiming): each call at
         fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; one call of each T, drawn at random
-        before the first, checked against the reference outside the timed window (TimedCall.failure). None where B = 1
-        leaves no other T. A failure, or an exception, is also the workload's verdict, returned beside the timing: a
+        before the first, checked against the reference outside the timed window (TimedCall.failure), and every call's
+        outputs scanned for the NaN poison (reward_hacks.PoisonScan). None where B = 1 leaves no other T. A failure, or an exception, is also the workload's verdict, returned beside the timing: a
         solution right at each T alone but wrong where T changes from call to call, as in a training step, is wrong."""
         tokens, rounds = mixed_token_counts(workload.dims), MIXED_TOKEN_ROUNDS
         if not tokens:
@@ -472,6 +472,7 @@ class Bench:
         verified = {t: 1 + secrets.randbelow(rounds - 1) for t in tokens}  # the timed round whose call is checked
         audited = secrets.choice(tokens)  # the T whose checked call's reference is spot-checked (harness.spot_check)
         failures: dict[int, tuple[Status, str]] = {}
+        scan = reward_hacks.PoisonScan()
         current: dict[str, torch.Tensor] = {}
         buffers: list[torch.Tensor] = []
         drawn: list[TimedCall] = []  # the current call's
@@ -492,6 +493,7 @@ class Bench:
 
         def after(i: int) -> None:
             t = tokens[i % len(tokens)]
+            scan.after(buffers)
             if i // len(tokens) == verified[t]:
                 drawn[0].outputs = list(buffers)
                 failure = drawn[0].failure(workload.model_copy(update={"num_tokens": t}), self.device, audit=t == audited)
@@ -508,6 +510,9 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - a solution that fails at another T is the solution's result
             error = "during the mixed-T calls: " + describe_exception(exc)
             return MixedTokensTiming(tokens=tokens, rounds=rounds, error=error), (Status.RUNTIME_ERROR, error)
+        poisoned = scan.verdict("mixed-T")
+        if poisoned:
+            return MixedTokensTiming(tokens=tokens, rounds=rounds, error=poisoned), (Status.REWARD_HACK, poisoned)
         if failures:
             error = "checked mixed-T calls fail: " + "; ".join(f"T = {t}: {failures[t][1]}" for t in tokens if t in failures)
             hack = any(status is Status.REWARD_HACK for status, _ in failures.values())

@@ -101,8 +101,8 @@ def test_checker_catches_each_sabotage(make_solution, case: str) -> None:
     ("patch", "reported"),
     [
         (
-            "harness.reward_hacks.TimedOutputChecks.poisoned_calls = lambda self: []",
-            "harness.reward_hacks.TimedOutputChecks.poisoned_calls",
+            "harness.reward_hacks.PoisonScan.poisoned_calls = lambda self: []",
+            "harness.reward_hacks.PoisonScan.poisoned_calls",
         ),
         ("harness.correctness.check_output.__code__ = (lambda *args: None).__code__", "harness.correctness.check_output"),
         ("harness.results.WorkloadResult.model_dump_json = lambda self, **kw: '{}'", "WorkloadResult.model_dump_json (added)"),

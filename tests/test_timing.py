@@ -209,6 +209,34 @@ def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_and_the_workload(
     assert comparing.summary(comparing.load_frame(root.parent / "results")).failed.iloc[0] == 1
 
 
+# Honest while T stays put; of the calls whose T differs from the call before, every fifth returns without writing.
+SKIPS_SOME_MIXED_T_CALLS = """
+from reference import reference_backward
+
+SEEN = []
+
+def run(*tensors):
+    SEEN.append(tensors[1].numel())
+    if len(SEEN) > 1 and SEEN[-1] != SEEN[-2] and len(SEEN) % 5 == 0:
+        return
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_a_mixed_t_call_that_leaves_its_outputs_unwritten_is_caught_whichever_it_is(make_solution) -> None:
+    """Every mixed-T call's outputs are scanned for the NaN poison, not only the one checked call per T: a solution
+    that skips a few of them is REWARD_HACK, as in the short timings."""
+    root = make_solution("skips_some", SKIPS_SOME_MIXED_T_CALLS)
+    options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
+    result = Bench(get_solution("skips_some", root), torch.device("cpu"), options, root.parent / "results").run(
+        SMOKE, [SMOKE.workloads[4]]
+    )
+    workload = result.workloads[0]
+    assert workload.status is Status.REWARD_HACK and workload.message == workload.mixed_tokens.error
+    assert " mixed-T calls left output elements unwritten or NaN (calls " in workload.message, workload.message
+
+
 # Honest until T changes on three calls in a row, which only the mixed-T timing does: then it zeroes grad_output in
 # place and writes zeros, which the reference on the inputs as the call left them would agree with.
 ZEROES_ITS_INPUTS_AT_MIXED_T = """
