@@ -461,8 +461,9 @@ class Bench:
         """Call latency of calls cycling through the T nearest the workload's (results.MixedTokensTiming): each call at
         fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; one call of each T, drawn at random
         before the first, checked against the reference outside the timed window (TimedCall.failure), and every call's
-        outputs scanned for the NaN poison (reward_hacks.PoisonScan). None where B = 1 leaves no other T. A failure, or an exception, is also the workload's verdict, returned beside the timing: a
-        solution right at each T alone but wrong where T changes from call to call, as in a training step, is wrong."""
+        outputs scanned for the NaN poison (reward_hacks.PoisonScan). None where B = 1 leaves no other T. A failure, or
+        an exception, is also the workload's verdict, returned beside the timing: a solution right at each T alone but
+        wrong where T changes from call to call, as in a training step, is wrong."""
         tokens, rounds = mixed_token_counts(workload.dims), MIXED_TOKEN_ROUNDS
         if not tokens:
             return None, None
