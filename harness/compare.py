@@ -45,6 +45,7 @@ def load_frame(
     suite's, or `suite`'s. A file that cannot be read is left out, and named with the reason in the frame's
     attrs["skipped"], so that one broken file stops only what needs it."""
     rows, skipped = [], []
+    ceilings: dict[str, DevicePeaks | None] = {}  # per device, its calibration read once
     for path in find_results(results_dir, suite):
         slug = path.relative_to(results_dir).parts[0]
         if device is not None and slug != device:
@@ -56,7 +57,9 @@ def load_frame(
             continue
         if solutions is not None and result.solution.name not in solutions:
             continue
-        measured = _measured_peaks(results_dir, slug, skipped)
+        if slug not in ceilings:
+            ceilings[slug] = _measured_peaks(results_dir, slug, skipped)
+        measured = ceilings[slug]
         try:
             public = public_latencies(results_dir / slug / PUBLIC_EVALUATOR_FOLDER / f"{result.solution.name}.jsonl")
         except FormatError as exc:  # the comparison goes on without the evaluator's column for this solution
@@ -118,8 +121,7 @@ def _measured_peaks(results_dir: Path, slug: str, skipped: list[str]) -> DeviceP
     try:
         calibration = load_calibration(results_dir, slug)
     except ResultsError as exc:
-        if str(exc) not in skipped:
-            skipped.append(str(exc))
+        skipped.append(str(exc))
         return None
     return calibration.peaks() if calibration else None
 
