@@ -77,6 +77,17 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+@app.callback()
+def in_a_checkout() -> None:
+    """Every command reads the checkout's solutions/ and workloads/ beside the installed package (and writes its
+    results/ there): an install that copied the package alone (pip install without -e) would find no solution and no
+    suite, so it stops here with the fix rather than listing nothing."""
+    missing = [f"{folder.name}/" for folder in (SOLUTIONS_DIR, WORKLOADS_DIR) if not folder.is_dir()]
+    if missing:
+        fail(f"no {' or '.join(missing)} beside the installed harness ({provenance.REPO_ROOT}): the harness runs from a "
+             "checkout of this repository; install that checkout with pip install -e .")  # fmt: skip
+
+
 @contextlib.contextmanager
 def file_errors() -> Iterator[None]:
     """A file the command cannot read or write (a folder in the way, no permission, a full disk): one line, exit 2."""

@@ -125,6 +125,17 @@ def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("folder", ["SOLUTIONS_DIR", "WORKLOADS_DIR"])
+def test_a_package_installed_without_its_checkout_says_how_to_install(monkeypatch, tmp_path: Path, folder: str) -> None:
+    """pip install without -e copies the package alone: every command names the missing folder and the fix instead of
+    finding no solution or no suite."""
+    monkeypatch.setattr(f"harness.cli.{folder}", tmp_path / "absent")
+    for args in (("list",), ("bench", "-s", "torch_eager"), ("compare",)):
+        result = invoke(*args)
+        assert result.exit_code == 2, result.output
+        assert "no absent/ beside the installed harness" in result.output and "pip install -e ." in result.output
+
+
 def test_a_gpu_bench_under_cuda_launch_blocking_is_refused_in_one_line(monkeypatch) -> None:
     """CUDA_LAUNCH_BLOCKING makes every launch wait for its kernel, which the timings would measure: a bench on a GPU
     refuses it before any work (torch made to see a GPU here; nothing reaches it)."""
