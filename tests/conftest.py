@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.registry import get_solution
+from harness.runner import Bench, BenchOptions
+
 HAS_CUDA = torch.cuda.is_available()
 # Without a GPU, Triton kernels run in Triton's CPU interpreter. The variable must be set before triton is
 # first imported: triton.language's own jit'd helpers are created at that import.
@@ -66,3 +69,8 @@ def make_solution(tmp_path: Path):
         return root
 
     return make
+
+
+def cpu_bench(root: Path, name: str, options: BenchOptions) -> Bench:
+    """A CPU bench of solution `name` from a folder make_solution wrote, its results written beside that folder."""
+    return Bench(get_solution(name, root), torch.device("cpu"), options, root.parent / "results")

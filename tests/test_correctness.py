@@ -13,7 +13,6 @@ import torch
 
 from harness import guards, reward_hacks
 from harness.correctness import ALL_ZEROS, check_output
-from harness.registry import get_solution
 from harness.reward_hacks import LateWorkWatch, check_call
 from harness.runner import Bench, BenchOptions, allocate_outputs, redraw_in_place, unpredictable_seeds
 from harness.status import Status
@@ -21,6 +20,7 @@ from harness.timing import TimingConfig
 from harness.workloads import Tolerance, load_named_suite
 from reference import allocate_inputs
 from reference.problem import OUTPUTS
+from tests.conftest import cpu_bench
 
 SMOKE = load_named_suite("smoke")
 WORKLOAD = SMOKE.workloads[4]  # B=197, T=67: some rows unselected
@@ -78,7 +78,7 @@ SABOTAGE = {
 
 def bench(root: Path, name: str, trials: int = 2) -> Bench:
     options = BenchOptions(trials=trials, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
-    return Bench(get_solution(name, root), torch.device("cpu"), options, root.parent / "results")
+    return cpu_bench(root, name, options)
 
 
 @pytest.mark.parametrize("case", list(SABOTAGE))

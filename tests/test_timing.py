@@ -48,7 +48,7 @@ from harness.timing import (
 from harness.workloads import load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS, Dims
-from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM
+from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM, cpu_bench
 
 SMOKE = load_named_suite("smoke")
 FAST = TimingConfig(warmup_calls=1, min_calls=4, max_calls=6, batch_calls=2)
@@ -103,9 +103,7 @@ def test_no_two_call_latency_calls_share_an_address(make_solution) -> None:
     workload used (the device-time calls rotate over their input sets, at their own addresses)."""
     root = make_solution("recording", RECORDING)
     options = BenchOptions(trials=1, timing=FAST)
-    result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(
-        SMOKE, SMOKE.workloads[:1]
-    )
+    result = cpu_bench(root, "recording", options).run(SMOKE, SMOKE.workloads[:1])
     workload = result.workloads[0]
     assert workload.status.value == "PASSED", workload.message
     pointers = sys.modules["harness_solutions.recording.solution"].POINTERS
@@ -147,7 +145,7 @@ def test_mixed_tokens_cycle_through_other_t_at_fresh_addresses(make_solution) ->
     root = make_solution("shapes", SHAPES)
     options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
     workload = SMOKE.workloads[4]  # B = 197, T = 67
-    result = Bench(get_solution("shapes", root), torch.device("cpu"), options, root.parent / "results").run(SMOKE, [workload])
+    result = cpu_bench(root, "shapes", options).run(SMOKE, [workload])
     mixed = result.workloads[0].mixed_tokens
     assert result.workloads[0].status.value == "PASSED" and mixed.error == ""
     assert mixed.tokens == mixed_token_counts(workload.dims) and mixed.rounds == MIXED_TOKEN_ROUNDS
@@ -197,9 +195,7 @@ def test_a_solution_wrong_at_another_t_fails_the_mixed_timing_and_the_workload(
     is the workload's verdict: a wrong answer, as a shape bug would give (not cheating), or a RUNTIME_ERROR."""
     root = make_solution("one_shape", source)
     options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
-    result = Bench(get_solution("one_shape", root), torch.device("cpu"), options, root.parent / "results").run(
-        SMOKE, [SMOKE.workloads[4]]
-    )
+    result = cpu_bench(root, "one_shape", options).run(SMOKE, [SMOKE.workloads[4]])
     workload = result.workloads[0]
     mixed = workload.mixed_tokens
     assert workload.device_time is not None and workload.call_latency is not None
@@ -229,9 +225,7 @@ def test_a_mixed_t_call_that_leaves_its_outputs_unwritten_is_caught_whichever_it
     that skips a few of them is REWARD_HACK, as in the short timings."""
     root = make_solution("skips_some", SKIPS_SOME_MIXED_T_CALLS)
     options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
-    result = Bench(get_solution("skips_some", root), torch.device("cpu"), options, root.parent / "results").run(
-        SMOKE, [SMOKE.workloads[4]]
-    )
+    result = cpu_bench(root, "skips_some", options).run(SMOKE, [SMOKE.workloads[4]])
     workload = result.workloads[0]
     assert workload.status is Status.REWARD_HACK and workload.message == workload.mixed_tokens.error
     assert " mixed-T calls left output elements unwritten or NaN (calls " in workload.message, workload.message
@@ -258,9 +252,7 @@ def test_mixed_t_calls_are_checked_against_their_inputs_drawn_again(make_solutio
     again from their seeds, and compared with what the call left; a modified input is REWARD_HACK, as in the trials."""
     root = make_solution("zeroes_inputs", ZEROES_ITS_INPUTS_AT_MIXED_T)
     options = BenchOptions(trials=2, timing=FAST, mixed_tokens=True)
-    result = Bench(get_solution("zeroes_inputs", root), torch.device("cpu"), options, root.parent / "results").run(
-        SMOKE, [SMOKE.workloads[4]]
-    )
+    result = cpu_bench(root, "zeroes_inputs", options).run(SMOKE, [SMOKE.workloads[4]])
     mixed = result.workloads[0].mixed_tokens
     assert result.workloads[0].status is Status.REWARD_HACK and result.workloads[0].message == mixed.error
     assert mixed.timing is None and "inputs modified by the call (seed " in mixed.error and "): grad_output" in mixed.error
@@ -433,7 +425,7 @@ def test_the_sustained_timing_follows_calls_back_to_back(make_solution) -> None:
     them untimed; the result, bench's table and compare carry it."""
     root = make_solution("recording", RECORDING)
     options = BenchOptions(trials=1, timing=FAST, sustained_s=0.2)
-    bench = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results")
+    bench = cpu_bench(root, "recording", options)
     result = bench.run(SMOKE, SMOKE.workloads[:1])
     workload, sustained = result.workloads[0], result.workloads[0].sustained
     assert workload.status.value == "PASSED" and sustained.error == "" and result.config.sustained_s == 0.2
@@ -464,9 +456,7 @@ def test_a_sustained_timing_the_harness_paced_is_flagged(make_solution, monkeypa
     monkeypatch.setattr(runner, "time_sustained", paced)
     root = make_solution("recording", RECORDING)
     options = BenchOptions(trials=1, timing=FAST, sustained_s=0.05)
-    result = Bench(get_solution("recording", root), torch.device("cpu"), options, root.parent / "results").run(
-        SMOKE, SMOKE.workloads[:1]
-    )
+    result = cpu_bench(root, "recording", options).run(SMOKE, SMOKE.workloads[:1])
     workload = result.workloads[0]
     assert workload.flags == ["HARNESS_PACED"] and workload.sustained.harness_paced(workload.device_time.mean_us)
     console = Console(width=300, record=True)
@@ -507,7 +497,7 @@ def test_a_solution_that_fails_under_sustained_load_fails_the_workload(
     failure instead of a time and is the workload's verdict."""
     root = make_solution("fails_when_warm", source)
     options = BenchOptions(trials=1, timing=FAST, sustained_s=0.3)
-    bench = Bench(get_solution("fails_when_warm", root), torch.device("cpu"), options, root.parent / "results")
+    bench = cpu_bench(root, "fails_when_warm", options)
     workload = bench.run(SMOKE, SMOKE.workloads[:1]).workloads[0]
     assert workload.device_time is not None and workload.call_latency is not None
     assert workload.status is status and workload.message.startswith(words), workload.message
@@ -634,7 +624,7 @@ def test_a_weight_kept_from_call_to_call_fails_the_sustained_timing_and_the_work
     source = f"WEIGHT = {[spec.name for spec in INPUTS].index(weight)}\n" + KEEPS_A_WEIGHT
     root = make_solution("keeps_a_weight", source)
     options = BenchOptions(trials=2, timing=FAST, sustained_s=0.1)
-    bench = Bench(get_solution("keeps_a_weight", root), torch.device("cpu"), options, root.parent / "results")
+    bench = cpu_bench(root, "keeps_a_weight", options)
     for workload in bench.run(SMOKE, SMOKE.workloads).workloads:
         # grossly wrong where the fresh block is a large part of the weight (REWARD_HACK), else narrowly
         assert workload.status in (Status.REWARD_HACK, Status.INCORRECT_NUMERICAL), workload.message
