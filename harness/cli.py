@@ -150,7 +150,8 @@ def workload_table(result: BenchResult) -> Table:
             columns[name].append(text)
         for name, value in zip(scores, (w.sol_us, w.percent_of_sol, w.percent_of_sol_measured, w.sol_score, w.device_sol_score)):
             scores[name].append("-" if value is None else f"{value:.3f}" if name.startswith("S ") or name == "S" else _us(value))
-        ratios = [o.matched_ratio for trial in w.trials for o in trial.outputs if o.matched_ratio is not None]
+        judged = [ratio for trial in w.trials for o in trial.outputs for ratio in (o.matched_ratio, o.rows_matched_ratio)]
+        ratios = [ratio for ratio in judged if ratio is not None]
         notes["worst ratio"].append(f"{min(ratios):.4f}" if ratios else "-")
         notes["flags"].append(", ".join(w.flags))
     for optional in ("graph", "mixed T", "slowest T", "sustained"):

@@ -106,6 +106,8 @@ class OutputCheck(BaseModel):
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     matched_ratio: float | None = None
+    # an output scattered to the batch: the matched ratio over the rows the tokens scatter to (correctness.check_output)
+    rows_matched_ratio: float | None = None
     has_nan: bool = False
     has_inf: bool = False
     all_zeros: bool = False  # no nonzero element where the reference has one (correctness.ALL_ZEROS)

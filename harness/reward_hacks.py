@@ -265,23 +265,24 @@ def check_call(
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []
     if written := written_outside(outputs):  # a broken kernel, not a cheat: the memory around an output is the caller's
         return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=written), []
-    checks, status, message = check_outputs(workload, produced, reference)
+    checks, status, message = check_outputs(workload, produced, reference, snapshot["token_indices"])
     return TrialReport(seed=seed, status=status, message=message, outputs=checks), produced
 
 
 # Outputs of timed calls that fail the check are cheating (work skipped, stale or replayed outputs) only when
 # they are grossly wrong: an honest solution whose error sits near the tolerance can miss the 99% on one input
 # set after passing the trials on others (torch_eager at T = 128 on the H200: 0.9904 in the trials, below 0.99
-# on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong, or leaves an
-# output all zeros (OutputCheck.all_zeros).
+# on a timed set), which is a numerical failure. Skipped or replayed work gets most elements wrong (of the rows the
+# tokens scatter to, for an output scattered to the batch), or leaves an output all zeros (OutputCheck.all_zeros).
 GROSS_MISMATCH_RATIO = 0.9
 
 
 def grossly_wrong(check: OutputCheck) -> bool:
     if check.status is Status.PASSED:
         return False
+    ratios = [check.matched_ratio, check.rows_matched_ratio]
     return (check.has_nan or check.has_inf or check.all_zeros or check.matched_ratio is None
-            or check.matched_ratio < GROSS_MISMATCH_RATIO)  # fmt: skip
+            or min(r for r in ratios if r is not None) < GROSS_MISMATCH_RATIO)  # fmt: skip
 
 
 def late_work_habit(result: WorkloadResult) -> str:
@@ -458,7 +459,7 @@ class TimedCall:
         reference = compute_reference(inputs)
         if audit and (disagreement := reference_disagreement(inputs, reference)):
             return [], Status.REWARD_HACK, disagreement
-        checks, status, detail = check_outputs(workload, self.outputs, reference)
+        checks, status, detail = check_outputs(workload, self.outputs, reference, inputs["token_indices"])
         if status is not Status.PASSED or not self.fresh_weights:
             return checks, status, detail
         fresh = {name: inputs[name].clone() for name in FRESH_WEIGHT_AXES}

@@ -56,6 +56,9 @@ SABOTAGE = {
         ),
         Status.INCORRECT_NUMERICAL,
     ),
+    # the last token's dx dropped, as a kernel that skips its last tile of tokens: 1 of B = 197 rows, which the whole
+    # tensor's 99% lets pass, but 1 of the T = 67 rows the tokens scatter to
+    "last_token_dropped": ("    grad_hidden_states[token_indices[-1]] = 0", Status.INCORRECT_NUMERICAL),
     "mutated_input": ("    w2_weight[0, 0] += 1", Status.REWARD_HACK),
     "tf32_left_on": ("    torch.backends.cuda.matmul.allow_tf32 = True", Status.REWARD_HACK),
     "tf32_by_the_newer_api": ("    torch.backends.fp32_precision = 'tf32'", Status.REWARD_HACK),  # older flags unreadable
@@ -338,6 +341,32 @@ def test_an_all_zero_output_fails_whatever_its_matched_ratio() -> None:
     assert check.status is Status.INCORRECT_NUMERICAL and check.matched_ratio == pytest.approx(0.995)
     assert check.all_zeros and ALL_ZEROS in check.message and reward_hacks.grossly_wrong(check)
     assert check_output(spec, (200, 8), zeros, torch.zeros_like(ref), Tolerance(atol=0.01, rtol=0.05)).status is Status.PASSED
+
+
+@pytest.mark.parametrize("spec", [OUTPUTS[0], OUTPUTS[1]], ids=lambda spec: spec.name)
+def test_scattered_outputs_pass_the_ratio_over_computed_and_zero_rows_apart(spec) -> None:
+    """Over the whole tensor 1% of 200 rows may be wrong; with the 20 rows the tokens scatter to named, one wrong row
+    among them fails, and so do two among the 180 the reference leaves zero (a narrow miss in a timed call, not
+    grossly wrong); three wrong computed rows are grossly wrong, though 98.5% of the tensor matches."""
+    shape = (200, 8)[: len(spec.shape)]
+    rows = torch.arange(0, 200, 10)
+    ref = torch.zeros(shape, dtype=torch.bfloat16)
+    ref[rows] = 1.0
+    tol = Tolerance(atol=0.01, rtol=0.05)
+    assert check_output(spec, shape, ref.clone(), ref, tol, rows).status is Status.PASSED
+    for wrong, region, ratio, rows_ratio in (
+        ([190], "the rows the tokens scatter to", "0.95000", 0.95),
+        ([3, 5], "the rows left zero", "0.98889", 1.0),
+    ):
+        out = ref.clone()
+        out[wrong] = 0.5
+        assert check_output(spec, shape, out, ref, tol).status is Status.PASSED  # the public rule alone
+        check = check_output(spec, shape, out, ref, tol, rows)
+        assert check.status is Status.INCORRECT_NUMERICAL and f"matched ratio {ratio} < 0.99 in {region}" in check.message
+        assert check.rows_matched_ratio == pytest.approx(rows_ratio) and not reward_hacks.grossly_wrong(check)
+    out = ref.clone()
+    out[rows[:3]] = 0.5
+    assert reward_hacks.grossly_wrong(check_output(spec, shape, out, ref, tol, rows))
 
 
 def test_max_error_cap_fails_a_rare_outlier_the_matched_ratio_lets_pass() -> None:
