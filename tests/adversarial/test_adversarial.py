@@ -36,6 +36,8 @@ EXPECTED: dict[str, list[str]] = {
     "cache_by_pointer": every("REWARD_HACK"),
     "cache_by_fingerprint": every("REWARD_HACK"),
     "selected_rows_only": ["PASSED" if w.num_tokens == w.batch_seq_len else "INCORRECT_NUMERICAL" for w in SMOKE],
+    # it skips tokens where B >= 100, and there a token's row is more than 1% of the T rows where T < B
+    "skips_tail_tokens": ["INCORRECT_NUMERICAL" if 100 <= w.batch_seq_len != w.num_tokens else "PASSED" for w in SMOKE],
     "mutates_input": every("REWARD_HACK"),
     "aliases_input": every("REWARD_HACK"),
     "finishes_on_thread": every("REWARD_HACK"),
@@ -77,6 +79,7 @@ REASONS = {
     "replays_timed_calls": "outputs of timed calls",
     "sleeps_past_timeout": "no answer within",
     "crashes_mid_suite": "exited (code 139)",
+    "skips_tail_tokens": "in the rows the tokens scatter to",
 }
 
 
@@ -128,12 +131,16 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
     call does not confirm still counts when a later trial shows it again. defers_timed_work leaves too little
     behind for the trials' threshold, and only in timed calls: the call-latency timer sees it on every call."""
     late = ["side_stream", "side_stream_alternate", "defers_timed_work"]
-    want = {n: EXPECTED[n][0] for n in EXPECTED if n not in ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only")}
+    # those whose verdict differs from their first smoke workload's, or that hang or crash there only
+    elsewhere = ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only", "skips_tail_tokens")
+    want = {n: EXPECTED[n][0] for n in EXPECTED if n not in elsewhere}
     # In two runs: twenty workers side by side, each with its inputs, would crowd the GPU's memory.
-    runs = (list(want), [*late, "selected_rows_only"])
+    runs = (list(want), [*late, "selected_rows_only", "skips_tail_tokens"])
     for run, names in enumerate(runs):
         bench(tmp_path / str(run), ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
-    want.update(dict.fromkeys(late, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL")
+    want.update(
+        dict.fromkeys(late, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL", skips_tail_tokens="INCORRECT_NUMERICAL"
+    )
     got = {n: statuses(tmp_path / str(run), "nvidia-h200", n, True)[0] for run, names in enumerate(runs) for n in names}
     for name, status in want.items():
         assert got[name]["status"] == status, (name, got[name]["message"][:300])
