@@ -424,7 +424,10 @@ def list_cmd(
     solutions_dir: Annotated[Path, typer.Option(help="folder of solution folders")] = SOLUTIONS_DIR,
 ) -> None:
     """Show the registered solutions and the workload suites."""
-    solutions, broken = scan(solutions_dir)
+    try:
+        solutions, broken = scan(solutions_dir)
+    except SolutionError as exc:
+        fail(str(exc))
     table = Table(title="Solutions")
     for column in ("name", "language", "devices", "description"):
         table.add_column(column, no_wrap=column != "description")

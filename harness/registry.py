@@ -191,7 +191,10 @@ def _read_spec(manifest: Path) -> SolutionSpec:
 
 def scan(directory: Path = SOLUTIONS_DIR) -> tuple[dict[str, Solution], dict[str, str]]:
     """Every folder of `directory` that holds a solution.yaml: the valid ones by name, and for the others why not, so
-    that one broken manifest stops only what names that solution."""
+    that one broken manifest stops only what names that solution; a `directory` that is not a folder raises
+    SolutionError (a mistyped --solutions-dir would otherwise hold no solution)."""
+    if not directory.is_dir():
+        raise SolutionError(f"no folder of solutions at {directory}")
     solutions, broken = {}, {}
     for manifest in sorted(directory.glob(f"*/{MANIFEST}")):
         try:

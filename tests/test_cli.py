@@ -115,6 +115,7 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
         (("bench", "--solution", "torch_eager", "--compile-timeout", "-5"), "Invalid value for '--compile-timeout'"),
         (("bench", "--solution", "torch_eager", "--run-timeout", "0"), "Invalid value for '--run-timeout'"),
         (("compare", "--format", "xml"), "--format must be"),
+        (("bench", "--solution", "torch_eager", "--solutions-dir", "/nonexistent"), "no folder of solutions at /nonexistent"),
         (("compare", "--by-workload", "--value", "latency_us,latency"), "--value must be one or more of"),
     ],
 )
@@ -123,6 +124,11 @@ def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_list_of_a_mistyped_solutions_folder_says_so() -> None:
+    result = invoke("list", "--solutions-dir", "/nonexistent")
+    assert result.exit_code == 2 and "no folder of solutions at /nonexistent" in result.output
 
 
 @pytest.mark.parametrize("folder", ["SOLUTIONS_DIR", "WORKLOADS_DIR"])
