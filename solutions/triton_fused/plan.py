@@ -436,6 +436,8 @@ def short_dx_tiles_pay(tokens: int) -> bool:
 
 @functools.cache
 def plan_for(num_tokens: int) -> Plan:
+    """The plan of the first bucket of PLANS whose limit holds T = `num_tokens`; above 1024, with dx in 64-row tiles
+    where short_dx_tiles_pay."""
     plan = next(plan for limit, plan in PLANS if num_tokens <= limit)
     if plan is _LARGE_T_PLAN and short_dx_tiles_pay(num_tokens):
         return _LARGE_T_PLAN_SHORT_DX

@@ -293,6 +293,8 @@ def routing_x16(p: Problem) -> None:
 
 
 def zero_unselected(p: Problem) -> None:
+    """Zeros in the rows of grad_hidden_states and entries of grad_routing_weights that no token selects
+    (zero_unselected_kernel: a program per gap between selected rows and per column block)."""
     o = p.outputs
     block_h = min(ZERO_BLOCK_H, triton.next_power_of_2(p.hidden))
     p.launch(zero_unselected_kernel, (p.tokens + 1, triton.cdiv(p.hidden, block_h)),
@@ -759,6 +761,7 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def run(*tensors: torch.Tensor) -> None:
+    """The entry point (solution.yaml): the 12 inputs, then the 5 outputs written in place, by the plan of T's bucket."""
     backward(*tensors)
 
 
