@@ -327,11 +327,11 @@ def bench(
     if dev.type == "cuda" and (audit := LaunchAudit.method(dev)).startswith("off"):
         console.print(f"[yellow]launch audit {escape(audit)}: work a native thread issues between calls goes unseen.[/yellow]")
     for sol in solutions:
-        if not sol.runs_on(dev.type):
+        if dev.type not in sol.spec.devices:
             console.print(
                 f"[yellow]{sol.name} runs on {', '.join(sol.spec.devices)} only: every workload is SKIPPED on {dev.type}.[/yellow]"
             )
-        elif (reason := sol.unavailable_reason()) is not None:
+        elif (reason := sol.skip_reason(dev)) is not None:
             console.print(f"[yellow]{escape(reason)}: every workload is SKIPPED.[/yellow]", highlight=False)
 
     label = ", ".join(sol.name for sol in solutions)
@@ -436,7 +436,8 @@ def list_cmd(
         description = (
             f"[yellow]unavailable[/yellow]: {escape(_one_line(reason, 200))}" if reason else _one_line(sol.spec.description)
         )
-        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices), description)
+        gpus = f" ({', '.join(sol.spec.architectures)})" if sol.spec.architectures else ""
+        table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices) + gpus, description)
     for name, problem in broken.items():
         table.add_row(name, "[red]invalid[/red]", "", _one_line(problem, 200))
     console.print(table)

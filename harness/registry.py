@@ -20,8 +20,9 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -53,6 +54,9 @@ class SolutionSpec(BaseModel):
     # them the solution is listed as unavailable and its workloads are SKIPPED, never an import error.
     requires: list[str] = []
     extra: str | None = None
+    # The CUDA GPUs it runs on, as compute capabilities (sm_90: Hopper); none named: any. On another GPU its workloads
+    # are SKIPPED with the reason rather than failing to compile.
+    architectures: list[Annotated[str, Field(pattern=r"^sm_[0-9]+$")]] = []
 
     @field_validator("entry_point")
     @classmethod
@@ -137,8 +141,17 @@ class Solution:
     def source_hashes(self, method: HashMethod = "code") -> dict[str, str]:
         return hash_sources(self.sources(), method)
 
-    def runs_on(self, device_type: str) -> bool:
-        return device_type in self.spec.devices
+    def skip_reason(self, device: torch.device) -> str | None:
+        """Why every workload is SKIPPED on `device` (another device type, another GPU architecture, a missing module),
+        or None where the solution runs there."""
+        if device.type not in self.spec.devices:
+            return f"solution '{self.name}' runs on {', '.join(self.spec.devices)} only; this run is on {device.type}"
+        if device.type == "cuda" and self.spec.architectures:
+            major, minor = torch.cuda.get_device_capability(device)
+            if f"sm_{major}{minor}" not in self.spec.architectures:
+                return (f"solution '{self.name}' runs on {', '.join(self.spec.architectures)} GPUs only; this "
+                        f"{torch.cuda.get_device_name(device)} is sm_{major}{minor}")  # fmt: skip
+        return self.unavailable_reason()
 
     def unavailable_reason(self) -> str | None:
         """Why the solution cannot be imported here (a required module is missing), or None."""

@@ -244,13 +244,7 @@ class Bench:
         return run_side_by_side([self], suite, workloads, lambda bench, result: on_done(result))[0]
 
     def _prepare_solution(self) -> tuple[SolutionCaller | None, tuple[Status, str] | None]:
-        if not self.solution.runs_on(self.device.type):
-            where = ", ".join(self.solution.spec.devices)
-            return None, (
-                Status.SKIPPED,
-                f"solution '{self.solution.name}' runs on {where} only; this run is on {self.device.type}",
-            )
-        if (reason := self.solution.unavailable_reason()) is not None:
+        if (reason := self.solution.skip_reason(self.device)) is not None:
             return None, (Status.SKIPPED, reason)
         try:
             return SolutionCaller(self.solution, self.solution.load_entry_point()), None

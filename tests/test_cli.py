@@ -126,6 +126,12 @@ def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert "Traceback" not in result.output
 
 
+def test_list_names_the_gpus_a_solution_runs_on(make_solution) -> None:
+    root = make_solution("hopper_only", "def run(*tensors):\n    pass\n", devices="[cuda]", extra_yaml="architectures: [sm_90]")
+    result = invoke("list", "--solutions-dir", str(root))
+    assert result.exit_code == 0 and "cuda (sm_90)" in result.output, result.output
+
+
 def test_list_of_a_mistyped_solutions_folder_says_so() -> None:
     result = invoke("list", "--solutions-dir", "/nonexistent")
     assert result.exit_code == 2 and "no folder of solutions at /nonexistent" in result.output

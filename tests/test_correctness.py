@@ -13,6 +13,7 @@ import torch
 
 from harness import guards, reward_hacks
 from harness.correctness import ALL_ZEROS, check_output
+from harness.registry import SolutionError, get_solution
 from harness.reward_hacks import LateWorkWatch, check_call
 from harness.runner import Bench, BenchOptions, allocate_outputs, redraw_in_place, unpredictable_seeds
 from harness.status import Status
@@ -199,6 +200,25 @@ def test_cuda_only_solution_is_skipped_on_cpu(make_solution) -> None:
     result = bench(root, "gpu_only").run(SMOKE, SMOKE.workloads[:1])
     assert result.workloads[0].status is Status.SKIPPED
     assert "runs on cuda only" in result.workloads[0].message
+
+
+def test_a_solution_for_other_gpus_is_skipped_with_the_reason(make_solution, monkeypatch) -> None:
+    """A manifest's architectures name the GPUs a solution runs on: on a GPU of another compute capability its
+    workloads are SKIPPED, saying what it needs and what the GPU is (torch made to see one here; nothing reaches it).
+    A name that is no compute capability is refused when the manifest is read."""
+    root = make_solution("hopper_only", TEMPLATE.format(sabotage=""), devices="[cuda]", extra_yaml="architectures: [sm_90]")
+    solution = get_solution("hopper_only", root)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    for capability, reason in (
+        ((8, 0), "solution 'hopper_only' runs on sm_90 GPUs only; this NVIDIA A100 is sm_80"),
+        ((9, 0), None),
+    ):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, known=capability: known)
+        assert solution.skip_reason(torch.device("cuda")) == reason
+    assert solution.skip_reason(torch.device("cpu")) == "solution 'hopper_only' runs on cuda only; this run is on cpu"
+    root = make_solution("misnamed", TEMPLATE.format(sabotage=""), devices="[cuda]", extra_yaml="architectures: [hopper]")
+    with pytest.raises(SolutionError, match="field 'architectures.0'"):
+        get_solution("misnamed", root)
 
 
 def test_solution_missing_a_required_module_is_skipped_not_an_import_error(make_solution) -> None:
