@@ -83,8 +83,8 @@ def check_output(
         computed = torch.zeros(expected_shape[0], dtype=torch.bool, device=matched.device)
         computed[scattered_rows.to(matched.device)] = True
         rows_ratio = float(matched[computed].float().mean())
-        for region, part in (("the rows the tokens scatter to", computed), ("the rows left zero", ~computed)):
-            part_ratio = float(matched[part].float().mean()) if bool(part.any()) else 1.0
+        zero_ratio = float(matched[~computed].float().mean()) if not bool(computed.all()) else 1.0
+        for region, part_ratio in (("the rows the tokens scatter to", rows_ratio), ("the rows left zero", zero_ratio)):
             if part_ratio < tol.required_matched_ratio and ratio >= tol.required_matched_ratio:
                 problems.append(f"matched ratio {part_ratio:.5f} < {tol.required_matched_ratio} in {region}")
     if tol.max_error_cap is not None and max_abs > tol.max_error_cap:
