@@ -54,7 +54,7 @@ app = typer.Typer(
 )
 # Wide enough for the tables when the output is a file or a CI log rather than a terminal.
 console = Console(width=None if Console().is_terminal else 160)
-errors = Console(stderr=True, width=console.width)
+errors = Console(stderr=True, width=console.width, soft_wrap=True)
 USER_ERRORS = (SolutionError, ManifestError, ResultsError, KeyError)
 # runner.trial_seed multiplies the base seed by about 10**6: a base below 2**32 keeps every trial's seed within the
 # 64-bit seeds torch's generators take.
@@ -73,7 +73,8 @@ def joined_items(options: Sequence[str] | None) -> list[str]:
 
 
 def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False)
+    """One line, however long: the console would otherwise break it at its width, inside a path or a command to copy."""
+    console.print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -140,12 +140,15 @@ def test_list_of_a_mistyped_solutions_folder_says_so() -> None:
 @pytest.mark.parametrize("folder", ["SOLUTIONS_DIR", "WORKLOADS_DIR"])
 def test_a_package_installed_without_its_checkout_says_how_to_install(monkeypatch, tmp_path: Path, folder: str) -> None:
     """pip install without -e copies the package alone: every command names the missing folder and the fix instead of
-    finding no solution or no suite."""
+    finding no solution or no suite, in one line however long the checkout's path (a line broken at the console's width
+    would split the command to copy)."""
     monkeypatch.setattr(f"harness.cli.{folder}", tmp_path / "absent")
+    monkeypatch.setattr("harness.provenance.REPO_ROOT", tmp_path / ("deep" * 40))
     for args in (("list",), ("bench", "-s", "torch_eager"), ("compare",)):
         result = invoke(*args)
         assert result.exit_code == 2, result.output
         assert "no absent/ beside the installed harness" in result.output and "pip install -e ." in result.output
+        assert result.output.count("\n") == 1, result.output
 
 
 def test_a_gpu_bench_under_cuda_launch_blocking_is_refused_in_one_line(monkeypatch) -> None:
