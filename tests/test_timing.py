@@ -131,8 +131,8 @@ CALLS = []  # (T, pointers) per call
 
 def run(*tensors):
     CALLS.append((tensors[1].numel(), tuple(t.data_ptr() for t in tensors)))
-    if tensors[1].numel() == 75:  # one T past a limit of the solution's
-        time.sleep(0.05)
+    if tensors[1].numel() == 75:  # one T past a limit of the solution's, slower than a loaded CPU makes any other
+        time.sleep(0.25)
     for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
         out.copy_(value)
 """
@@ -155,7 +155,7 @@ def test_mixed_tokens_cycle_through_other_t_at_fresh_addresses(make_solution) ->
     flat = [p for _, pointers in calls for p in pointers]
     assert len(set(flat)) == len(flat)
     slowest = max(zip(mixed.tokens_us, mixed.tokens))
-    assert slowest[1] == 75 and slowest[0] > 50_000 > max(us for us, t in zip(mixed.tokens_us, mixed.tokens) if t != 75)
+    assert slowest[1] == 75 and slowest[0] > 250_000
     assert math.isclose(sum(mixed.tokens_us) / len(mixed.tokens), mixed.timing.mean_us)
     console = Console(width=300, record=True)
     console.print(workload_table(result))
