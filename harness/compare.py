@@ -8,8 +8,9 @@ in no mean: solutions rank by workloads passed, then by mean call latency over t
 Where the public SOL-ExecBench evaluator's own traces of a solution are kept beside its result
 (results/<device>/public-evaluator/<solution>.jsonl, written by scripts/public_evaluator.sh), each workload carries the
 evaluator's latency too (`public_us`, the median CUPTI span of a workload it passed), so that our timings and the public
-benchmark's are read side by side. The script exports the code the result measured (harness.export refuses any other),
-so the two stay of the same code as long as a new result comes with new traces.
+benchmark's are read side by side. The script exports the code the result measured (harness.export refuses any other)
+and keeps beside the traces the source hashes of that code (<solution>.sources.json, `keep_public_traces`): a result
+benched again on other code leaves the column out, with a note, rather than beside timings of code it did not run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from rich.table import Table
 
 from harness.results import (
     BASELINE_SOLUTION,
+    BenchResult,
+    EvaluatedSources,
     KernelProfile,
     MixedTokensTiming,
     ResultsError,
@@ -30,7 +33,9 @@ from harness.results import (
     TimingStats,
     find_results,
     load_calibration,
+    load_evaluated_sources,
     load_result,
+    save,
 )
 from harness.roofline import DevicePeaks, percent_of_sol, sol_score, sol_time_us
 from harness.solexecbench import FormatError, read_traces
@@ -61,7 +66,7 @@ def load_frame(
             ceilings[slug] = _measured_peaks(results_dir, slug, skipped)
         measured = ceilings[slug]
         try:
-            public = public_latencies(results_dir / slug / PUBLIC_EVALUATOR_FOLDER / f"{result.solution.name}.jsonl")
+            public = public_latencies(results_dir / slug / PUBLIC_EVALUATOR_FOLDER, result)
         except FormatError as exc:  # the comparison goes on without the evaluator's column for this solution
             skipped.append(str(exc))
             public = {}
@@ -113,6 +118,8 @@ def load_frame(
 
 
 PUBLIC_EVALUATOR_FOLDER = "public-evaluator"
+# beside <solution>.jsonl: the source hashes of the code the evaluator ran
+EVALUATED_SOURCES = ".sources.json"
 
 
 def _measured_peaks(results_dir: Path, slug: str, skipped: list[str]) -> DevicePeaks | None:
@@ -142,11 +149,37 @@ def _half_width(stats: TimingStats | None) -> float:
     return stats.ci95_high_us - stats.mean_us if stats else math.nan
 
 
-def public_latencies(path: Path) -> dict[str, float]:
-    """The public evaluator's latency in us per workload uuid from its traces (NaN where it did not pass the workload);
-    nothing where there is no such file."""
+def keep_public_traces(traces: Path, result_path: Path) -> Path:
+    """Copy the public evaluator's traces of a solution's export beside the result the export was made from, with the
+    source hashes that result records: harness.export refuses code other than the result measured, so these are the
+    hashes of the code the traces measured. Returns the kept traces' path."""
+    result = load_result(result_path)
+    kept = result_path.parent / PUBLIC_EVALUATOR_FOLDER / f"{result.solution.name}.jsonl"
+    save(EvaluatedSources(solution=result.solution.name, source_sha256=result.solution.source_sha256),
+         kept.with_suffix(EVALUATED_SOURCES))  # fmt: skip
+    kept.write_text(traces.read_text())
+    return kept
+
+
+def public_latencies(folder: Path, result: BenchResult) -> dict[str, float]:
+    """The public evaluator's latency in us per workload uuid from the solution's traces in folder (NaN where it did
+    not pass the workload); nothing where there are none. FormatError where the traces cannot be read or are not known
+    to be of the code the result measured (no record of their sources, or other sources)."""
+    path = folder / f"{result.solution.name}.jsonl"
     if not path.exists():
         return {}
+    evaluated = path.with_suffix(EVALUATED_SOURCES)
+    rerun = "run scripts/public_evaluator.sh again"
+    if not evaluated.exists():
+        raise FormatError(f"{path}: no record of the code the evaluator ran ({evaluated.name}): {rerun}")
+    try:
+        sources = load_evaluated_sources(evaluated).source_sha256
+    except ResultsError as exc:
+        raise FormatError(f"{exc}: {rerun}") from None
+    measured = result.solution.source_sha256
+    changed = sorted(p for p in set(sources) | set(measured) if sources.get(p) != measured.get(p))
+    if changed:
+        raise FormatError(f"{path}: the evaluator ran other code than the result measured ({', '.join(changed)}): {rerun}")
     latencies = {}
     for trace in read_traces(path):
         timed = trace.evaluation.status == "PASSED" and trace.evaluation.performance is not None

@@ -362,6 +362,14 @@ class Calibration(BaseModel):
         return DevicePeaks("measured", self.matmul_flops_per_s, self.copy_bytes_per_s, self.method)
 
 
+class EvaluatedSources(BaseModel):
+    """What the public evaluator's traces of a solution measured (results/<device>/public-evaluator/<solution>.sources.json
+    beside them, written by compare.keep_public_traces): the source hashes of the result its export was made from."""
+
+    solution: str
+    source_sha256: dict[str, str]
+
+
 def folder_suite(device_slug: str) -> str:
     """The suite whose result files sit in results/<device>/ itself: the default suite of the device (public in a GPU's
     folder, smoke in the CPU's)."""
@@ -401,6 +409,10 @@ def _load(path: Path, model: type[BaseModel]) -> BaseModel:
 
 def load_result(path: Path) -> BenchResult:
     return _load(path, BenchResult)  # type: ignore[return-value]
+
+
+def load_evaluated_sources(path: Path) -> EvaluatedSources:
+    return _load(path, EvaluatedSources)  # type: ignore[return-value]
 
 
 def load_calibration(results_dir: Path, device_slug: str) -> Calibration | None:

@@ -8,9 +8,9 @@
 # Usage (repo root, on the GPU machine):
 #   bash scripts/public_evaluator.sh SOL_EXECBENCH_DIR WHEEL_DIR OUT_DIR SOLUTION[,SOLUTION...]
 # For each solution: OUT_DIR/<solution>/ holds the export, the evaluator's traces (public_traces.jsonl) and log; the
-# traces are copied to results/<device>/public-evaluator/<solution>.jsonl, where `harness compare` shows the evaluator's
-# latency (public_us) beside the harness's timings, as it prints last, per workload and in all. EVALUATOR_TIMEOUT_S
-# bounds each evaluation (default 1800).
+# traces are copied to results/<device>/public-evaluator/<solution>.jsonl with the code's hashes (<solution>.sources.json),
+# where `harness compare` shows the evaluator's latency (public_us) beside the harness's timings, as it prints last, per
+# workload and in all. EVALUATOR_TIMEOUT_S bounds each evaluation (default 1800).
 set -uo pipefail
 if [ $# -ne 4 ]; then
     sed -n '2,13p' "$0" >&2
@@ -23,8 +23,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$w
 # the evaluator starts its driver as `python`: a wrapper, since a link out of a virtual environment's folder loses it
 printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$bin/python" && chmod +x "$bin/python"
 slug=$(PYTHONPATH="$site:$PWD" python3 -c "import torch; from harness.provenance import device_slug; print(device_slug(torch.device('cuda')))")
-kept=results/$slug/public-evaluator
-mkdir -p "$out" "$kept"
+mkdir -p "$out"
 for name in ${solutions//,/ }; do
     folder="$out/$name"
     PYTHONPATH="$site:$PWD" python3 -m harness export -s "$name" --format sol-execbench -o "$folder" || continue
@@ -34,8 +33,11 @@ for name in ${solutions//,/ }; do
             -o public_traces.jsonl) \
         > "$folder/public.log" 2>&1
     echo "$name: the evaluator exited with $? (log: $folder/public.log)"
-    # kept beside the harness's result, where `harness compare` reads it as the column public_us
-    [ -s "$folder/public_traces.jsonl" ] && cp "$folder/public_traces.jsonl" "$kept/$name.jsonl"
+    # kept beside the harness's result with the hashes of the code it ran, where `harness compare` reads it as the
+    # column public_us while the result is of the same code
+    [ -s "$folder/public_traces.jsonl" ] && PYTHONPATH="$site:$PWD" python3 -c \
+        'import sys; from pathlib import Path; from harness.compare import keep_public_traces; keep_public_traces(*map(Path, sys.argv[1:]))' \
+        "$folder/public_traces.jsonl" "results/$slug/$name.json"
 done
 chosen=()
 for name in ${solutions//,/ }; do chosen+=(-s "$name"); done

@@ -503,6 +503,8 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
     (device / "public-evaluator").mkdir(parents=True)
     for name in ("triton_fused", "torch_cublas"):
         (device / f"{name}.json").write_text((committed / f"{name}.json").read_text())
+        evaluated = Path("public-evaluator", f"{name}{comparing.EVALUATED_SOURCES}")
+        (device / evaluated).write_text((committed / evaluated).read_text())
     traces = (committed / "public-evaluator" / "triton_fused.jsonl").read_text().splitlines()
     failed = json.loads(traces[0])
     failed["evaluation"].update(status="INCORRECT_NUMERICAL", performance=None)
@@ -544,6 +546,34 @@ def test_compare_reads_the_public_evaluators_traces_beside_a_result(tmp_path: Pa
                       "latency_us,public_us")  # fmt: skip
     text = " ".join(terminal.output.split())
     assert "triton_fused's latency_us, public_us per workload" in text and "triton_fused latency_us" not in text
+
+
+def test_compare_leaves_out_the_public_evaluators_traces_of_other_code(tmp_path: Path) -> None:
+    """The evaluator's traces count only beside a result of the code they ran: kept with that code's hashes, they give
+    public_us until the result is benched again on other code, or where the record of their code is missing or broken;
+    then the column is empty and a note says why."""
+    committed = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200"
+    device = tmp_path / "nvidia-h200"
+    device.mkdir()
+    result_file = device / "torch_cublas.json"
+    result_file.write_text((committed / "torch_cublas.json").read_text())
+    kept = comparing.keep_public_traces(committed / "public-evaluator" / "torch_cublas.jsonl", result_file)
+    assert kept == device / "public-evaluator" / "torch_cublas.jsonl"
+    assert comparing.load_frame(tmp_path).public_us.notna().all()
+
+    data = json.loads(result_file.read_text())
+    data["solution"]["source_sha256"]["solution.py"] = "0" * 64  # benched again after a change of its code
+    result_file.write_text(json.dumps(data))
+    frame = comparing.load_frame(tmp_path)
+    assert frame.public_us.isna().all()
+    rerun = "run scripts/public_evaluator.sh again"
+    assert frame.attrs["skipped"] == [f"{kept}: the evaluator ran other code than the result measured (solution.py): {rerun}"]
+    evaluated = kept.with_suffix(comparing.EVALUATED_SOURCES)
+    evaluated.write_text("{")
+    assert "not a valid EvaluatedSources file" in comparing.load_frame(tmp_path).attrs["skipped"][0]
+    evaluated.unlink()
+    no_record = f"{kept}: no record of the code the evaluator ran (torch_cublas.sources.json): {rerun}"
+    assert comparing.load_frame(tmp_path).attrs["skipped"] == [no_record]
 
 
 def test_pacing_notes_name_the_fewer_workloads() -> None:
