@@ -11,12 +11,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
 from harness import compare as comparing
 from harness import provenance
@@ -46,7 +48,29 @@ from harness.workloads import (
 )
 from reference.problem import FFN_DIM, HIDDEN_DIM
 
+
+def in_a_checkout() -> None:
+    """Every command reads the checkout's solutions/ and workloads/ beside the installed package (and writes its
+    results/ there): an install that copied the package alone (pip install without -e) would find no solution and no
+    suite, so it stops here with the fix rather than listing nothing."""
+    missing = [f"{folder.name}/" for folder in (SOLUTIONS_DIR, WORKLOADS_DIR) if not folder.is_dir()]
+    if missing:
+        fail(f"no {' or '.join(missing)} beside the installed harness ({provenance.REPO_ROOT}): the harness runs from a "
+             "checkout of this repository; install that checkout with pip install -e .")  # fmt: skip
+
+
+class CheckoutCommands(TyperGroup):
+    """The commands, each run only from a checkout (in_a_checkout); a command's --help is shown anywhere. A group's
+    callback cannot tell a command's --help from its run: the command's arguments are out of reach by then."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        if not set(ctx.args) & set(ctx.help_option_names):
+            in_a_checkout()
+        return super().invoke(ctx)
+
+
 app = typer.Typer(
+    cls=CheckoutCommands,
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -76,17 +100,6 @@ def fail(message: str) -> None:
     """One line, however long: the console would otherwise break it at its width, inside a path or a command to copy."""
     console.print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
-
-
-@app.callback()
-def in_a_checkout() -> None:
-    """Every command reads the checkout's solutions/ and workloads/ beside the installed package (and writes its
-    results/ there): an install that copied the package alone (pip install without -e) would find no solution and no
-    suite, so it stops here with the fix rather than listing nothing."""
-    missing = [f"{folder.name}/" for folder in (SOLUTIONS_DIR, WORKLOADS_DIR) if not folder.is_dir()]
-    if missing:
-        fail(f"no {' or '.join(missing)} beside the installed harness ({provenance.REPO_ROOT}): the harness runs from a "
-             "checkout of this repository; install that checkout with pip install -e .")  # fmt: skip
 
 
 @contextlib.contextmanager

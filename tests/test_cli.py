@@ -141,7 +141,7 @@ def test_list_of_a_mistyped_solutions_folder_says_so() -> None:
 def test_a_package_installed_without_its_checkout_says_how_to_install(monkeypatch, tmp_path: Path, folder: str) -> None:
     """pip install without -e copies the package alone: every command names the missing folder and the fix instead of
     finding no solution or no suite, in one line however long the checkout's path (a line broken at the console's width
-    would split the command to copy)."""
+    would split the command to copy); a command's --help still shows what it takes."""
     monkeypatch.setattr(f"harness.cli.{folder}", tmp_path / "absent")
     monkeypatch.setattr("harness.provenance.REPO_ROOT", tmp_path / ("deep" * 40))
     for args in (("list",), ("bench", "-s", "torch_eager"), ("compare",)):
@@ -149,6 +149,8 @@ def test_a_package_installed_without_its_checkout_says_how_to_install(monkeypatc
         assert result.exit_code == 2, result.output
         assert "no absent/ beside the installed harness" in result.output and "pip install -e ." in result.output
         assert result.output.count("\n") == 1, result.output
+    help_text = invoke("bench", "--help")  # what a command takes is shown all the same
+    assert help_text.exit_code == 0 and "--solution" in help_text.output and "error" not in help_text.output
 
 
 def test_a_gpu_bench_under_cuda_launch_blocking_is_refused_in_one_line(monkeypatch) -> None:
