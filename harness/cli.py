@@ -507,15 +507,33 @@ def failed_timing_notes(frame) -> list[str]:
     return notes
 
 
-def load_results_or_fail(results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None):
+def changed_code_notes(frame) -> list[str]:
+    """A line per result whose solution's folder in this checkout holds other code than the result measured: its
+    figures are of that code. A result of a solution not in the checkout is passed over."""
+    notes = []
+    for (slug, name), record in frame.attrs["solutions"].items():
+        try:
+            solution = get_solution(name, SOLUTIONS_DIR)
+        except SolutionError:
+            continue
+        if changed := solution.changed_sources(record.source_sha256, record.source_hash_method):
+            notes.append(f"{name}'s result on {slug} measured other code than solutions/{name}/ holds now "
+                         f"({', '.join(changed)}): its figures are of that code; bench it again for this one")  # fmt: skip
+    return notes
+
+
+def load_results_or_fail(
+    results_dir: Path, device: str | None, solutions: list[str] | None, suite: str | None, earlier: bool = False
+):
     """The result frame of the chosen solutions (names repeated or joined by commas, as bench takes them); a solution
-    asked for without results is an error, not a row left out."""
+    asked for without results is an error, not a row left out. Notes on stderr say what the figures leave out and,
+    unless the results are an `earlier` run's, which of them measured other code than the checkout's."""
     names = joined_items(solutions) or None
     frame = comparing.load_frame(results_dir, device, names, suite)
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if not frame.empty:
-        for note in pacing_notes(frame) + failed_timing_notes(frame):
+        for note in pacing_notes(frame) + failed_timing_notes(frame) + ([] if earlier else changed_code_notes(frame)):
             errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
     if frame.empty or missing:
@@ -567,7 +585,7 @@ def compare_cmd(
         fail(f"--value must be one or more of {', '.join(BY_WORKLOAD_VALUES)} joined by commas, got '{value}'")
     frame = load_results_or_fail(results_dir, device, solution, suite)
     if against is not None:
-        table = comparing.changes(frame, load_results_or_fail(against, device, solution, suite), values)
+        table = comparing.changes(frame, load_results_or_fail(against, device, solution, suite, earlier=True), values)
         if table.empty:
             fail(f"no workload of the same device, suite and solution in both {results_dir} and {against}")
         comparing.render(table, fmt, f"{', '.join(values)}: now, in {against} and the change", console)

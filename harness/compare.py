@@ -48,8 +48,9 @@ def load_frame(
 ) -> pd.DataFrame:
     """One row per (device, solution, workload) over the result files under results_dir: each device's default
     suite's, or `suite`'s. A file that cannot be read is left out, and named with the reason in the frame's
-    attrs["skipped"], so that one broken file stops only what needs it."""
-    rows, skipped = [], []
+    attrs["skipped"], so that one broken file stops only what needs it; attrs["solutions"] holds each result's record
+    of the solution it measured."""
+    rows, skipped, records = [], [], {}
     ceilings: dict[str, DevicePeaks | None] = {}  # per device, its calibration read once
     for path in find_results(results_dir, suite):
         slug = path.relative_to(results_dir).parts[0]
@@ -62,6 +63,7 @@ def load_frame(
             continue
         if solutions is not None and result.solution.name not in solutions:
             continue
+        records[slug, result.solution.name] = result.solution
         if slug not in ceilings:
             ceilings[slug] = _measured_peaks(results_dir, slug, skipped)
         measured = ceilings[slug]
@@ -114,6 +116,7 @@ def load_frame(
     if not frame.empty:
         frame = _with_scores(frame)
     frame.attrs["skipped"] = skipped
+    frame.attrs["solutions"] = records  # (device, solution) -> the result's SolutionRecord: the code it measured
     return frame
 
 

@@ -141,6 +141,12 @@ class Solution:
     def source_hashes(self, method: HashMethod = "code") -> dict[str, str]:
         return hash_sources(self.sources(), method)
 
+    def changed_sources(self, measured: dict[str, str], method: HashMethod) -> list[str]:
+        """The sources (relative paths, sorted) whose hash differs from `measured`, a result's hashes by `method`, or
+        that only one side has: empty where the folder holds the code the result measured."""
+        current = self.source_hashes(method)
+        return [path for path in sorted(set(current) | set(measured)) if current.get(path) != measured.get(path)]
+
     def skip_reason(self, device: torch.device) -> str | None:
         """Why every workload is SKIPPED on `device` (another device type, another GPU architecture, a missing module),
         or None where the solution runs there."""

@@ -578,6 +578,33 @@ def test_compare_leaves_out_the_public_evaluators_traces_of_other_code(tmp_path:
     assert comparing.load_frame(tmp_path).attrs["skipped"] == [no_record]
 
 
+def test_compare_says_which_results_measured_other_code_than_the_checkouts(tmp_path: Path) -> None:
+    """A result benched before its solution's code changed is still compared, with a note naming the changed sources;
+    an earlier run given by --against, and a result of a solution this checkout lacks, get none."""
+    committed = Path(__file__).resolve().parent.parent / "results" / "nvidia-h200"
+    for name, folder in (("torch_cublas", "now"), ("torch_cublas", "then"), ("reference_fp32", "now")):
+        (tmp_path / folder / "nvidia-h200").mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "nvidia-h200" / f"{name}.json").write_text((committed / f"{name}.json").read_text())
+    assert "other code" not in invoke("compare", "--results-dir", str(tmp_path / "now")).output
+    for folder in ("now", "then"):
+        path = tmp_path / folder / "nvidia-h200" / "torch_cublas.json"
+        data = json.loads(path.read_text())
+        data["solution"]["source_sha256"]["solution.py"] = "0" * 64
+        path.write_text(json.dumps(data))
+    note = ("torch_cublas's result on nvidia-h200 measured other code than solutions/torch_cublas/ holds now "
+            "(solution.py): its figures are of that code; bench it again for this one")  # fmt: skip
+    result = invoke("compare", "--results-dir", str(tmp_path / "now"))
+    assert result.exit_code == 0 and result.output.count(note) == 1, result.output
+    against = invoke("compare", "--results-dir", str(tmp_path / "now"), "--against", str(tmp_path / "then"))
+    assert against.exit_code == 0 and against.output.count(note) == 1, against.output  # the current run's alone
+    path = tmp_path / "now" / "nvidia-h200" / "torch_cublas.json"
+    path.rename(path.with_name("someone_elses.json"))
+    data["solution"]["name"] = "someone_elses"
+    path.with_name("someone_elses.json").write_text(json.dumps(data))
+    result = invoke("compare", "--results-dir", str(tmp_path / "now"))
+    assert result.exit_code == 0 and "someone_elses" in result.output and "other code" not in result.output
+
+
 def test_pacing_notes_name_the_fewer_workloads() -> None:
     """A note per solution with HARNESS_PACED workloads: naming them, or, where they are most of many, the others."""
     rows = [("a", i, 64 * (i + 1), i < 2) for i in range(8)] + [("b", i, 64, i != 3) for i in range(8)]
