@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from harness.cli import app
-from harness.compare import load_frame
+from harness.compare import load_frame, public_latencies
 from harness.export import ExportError, bundled_reference_source, exported_sources, leaderboard_record, write_sol_execbench
 from harness.provenance import REPO_ROOT
 from harness.registry import Solution, discover, get_solution, hash_sources
@@ -101,10 +101,14 @@ def test_tolerance_fields_and_defaults_are_the_public_evaluators(tmp_path: Path)
 @pytest.mark.parametrize("name", ["triton_fused", "torch_cublas"])
 def test_the_public_evaluators_traces_read_as_our_trace_model(name: str) -> None:
     """The evaluator's own traces of the committed comparison (results/nvidia-h200/public-evaluator/) are lines of the
-    format our exports write."""
-    traces = read_traces(RESULTS_DIR / H200 / "public-evaluator" / f"{name}.jsonl")
+    format our exports write, and of the code the committed result measured (a result benched again needs the
+    evaluator again)."""
+    folder = RESULTS_DIR / H200 / "public-evaluator"
+    traces = read_traces(folder / f"{name}.jsonl")
     assert {t.workload.uuid for t in traces} == {w.uuid for w in load_named_suite("public").workloads}
     assert all(t.evaluation.status == "PASSED" and t.evaluation.performance.latency_ms > 0 for t in traces)
+    latencies = public_latencies(folder, load_result(RESULTS_DIR / H200 / f"{name}.json"))
+    assert sorted(latencies) == sorted(t.workload.uuid for t in traces)
 
 
 def test_not_json_names_the_line(tmp_path: Path) -> None:
