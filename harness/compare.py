@@ -22,6 +22,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from harness.registry import changed_paths
 from harness.results import (
     BASELINE_SOLUTION,
     BenchResult,
@@ -179,9 +180,7 @@ def public_latencies(folder: Path, result: BenchResult) -> dict[str, float]:
         sources = load_evaluated_sources(evaluated).source_sha256
     except ResultsError as exc:
         raise FormatError(f"{exc}: {rerun}") from None
-    measured = result.solution.source_sha256
-    changed = sorted(p for p in set(sources) | set(measured) if sources.get(p) != measured.get(p))
-    if changed:
+    if changed := changed_paths(sources, result.solution.source_sha256):
         raise FormatError(f"{path}: the evaluator ran other code than the result measured ({', '.join(changed)}): {rerun}")
     latencies = {}
     for trace in read_traces(path):

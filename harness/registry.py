@@ -88,6 +88,11 @@ def source_code_hash(path: str, text: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
+def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The paths (sorted) of two source-hash maps whose hash differs, or that only one of them has."""
+    return [path for path in sorted(set(before) | set(after)) if before.get(path) != after.get(path)]
+
+
 def hash_sources(sources: dict[str, str], method: HashMethod = "code") -> dict[str, str]:
     """sha256 of each source (relative path -> text): of its code (source_code_hash) or, as result files before schema
     3's code hashes recorded them, of its text."""
@@ -142,10 +147,9 @@ class Solution:
         return hash_sources(self.sources(), method)
 
     def changed_sources(self, measured: dict[str, str], method: HashMethod) -> list[str]:
-        """The sources (relative paths, sorted) whose hash differs from `measured`, a result's hashes by `method`, or
-        that only one side has: empty where the folder holds the code the result measured."""
-        current = self.source_hashes(method)
-        return [path for path in sorted(set(current) | set(measured)) if current.get(path) != measured.get(path)]
+        """changed_paths from `measured`, a result's hashes by `method`, to the folder's sources: empty where the folder
+        holds the code the result measured."""
+        return changed_paths(measured, self.source_hashes(method))
 
     def skip_reason(self, device: torch.device) -> str | None:
         """Why every workload is SKIPPED on `device` (another device type, another GPU architecture, a missing module),
