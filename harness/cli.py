@@ -511,12 +511,12 @@ def changed_code_notes(frame) -> list[str]:
     """A line per result whose solution's folder in this checkout holds other code than the result measured: its
     figures are of that code. A result of a solution not in the checkout is passed over."""
     notes = []
-    for (slug, name), record in frame.attrs["solutions"].items():
+    for (slug, name), run in frame.attrs["runs"].items():
         try:
             solution = get_solution(name, SOLUTIONS_DIR)
         except SolutionError:
             continue
-        if changed := solution.changed_sources(record.source_sha256, record.source_hash_method):
+        if changed := solution.changed_sources(run.solution.source_sha256, run.solution.source_hash_method):
             notes.append(f"{name}'s result on {slug} measured other code than solutions/{name}/ holds now "
                          f"({', '.join(changed)}): its figures are of that code; bench it again for this one")  # fmt: skip
     return notes
@@ -585,9 +585,12 @@ def compare_cmd(
         fail(f"--value must be one or more of {', '.join(BY_WORKLOAD_VALUES)} joined by commas, got '{value}'")
     frame = load_results_or_fail(results_dir, device, solution, suite)
     if against is not None:
-        table = comparing.changes(frame, load_results_or_fail(against, device, solution, suite, earlier=True), values)
+        earlier = load_results_or_fail(against, device, solution, suite, earlier=True)
+        table = comparing.changes(frame, earlier, values)
         if table.empty:
             fail(f"no workload of the same device, suite and solution in both {results_dir} and {against}")
+        for note in comparing.environment_changes(frame, earlier):
+            errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
         comparing.render(table, fmt, f"{', '.join(values)}: now, in {against} and the change", console)
     elif by_workload:
         table, title = comparing.by_workload(frame, values), f"{', '.join(values)} per workload"

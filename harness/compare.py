@@ -49,8 +49,8 @@ def load_frame(
 ) -> pd.DataFrame:
     """One row per (device, solution, workload) over the result files under results_dir: each device's default
     suite's, or `suite`'s. A file that cannot be read is left out, and named with the reason in the frame's
-    attrs["skipped"], so that one broken file stops only what needs it; attrs["solutions"] holds each result's record
-    of the solution it measured."""
+    attrs["skipped"], so that one broken file stops only what needs it; attrs["runs"] holds each result's records of
+    the code it measured and of the machine it ran on, by device and solution (the result without its workloads)."""
     rows, skipped, records = [], [], {}
     ceilings: dict[str, DevicePeaks | None] = {}  # per device, its calibration read once
     for path in find_results(results_dir, suite):
@@ -64,7 +64,7 @@ def load_frame(
             continue
         if solutions is not None and result.solution.name not in solutions:
             continue
-        records[slug, result.solution.name] = result.solution
+        records[slug, result.solution.name] = result.model_copy(update={"workloads": []})
         if slug not in ceilings:
             ceilings[slug] = _measured_peaks(results_dir, slug, skipped)
         measured = ceilings[slug]
@@ -117,7 +117,7 @@ def load_frame(
     if not frame.empty:
         frame = _with_scores(frame)
     frame.attrs["skipped"] = skipped
-    frame.attrs["solutions"] = records  # (device, solution) -> the result's SolutionRecord: the code it measured
+    frame.attrs["runs"] = records
     return frame
 
 
@@ -296,6 +296,26 @@ def changes(frame: pd.DataFrame, earlier: pd.DataFrame, values: tuple[str, ...] 
     summary["index"], summary["B"], summary["T"] = "mean", "", ""
     summary["status"] = [f"{n} passed in both" for n in groups.size()]
     return pd.concat([table, summary], ignore_index=True).fillna({c: "" for c in table.columns if c.endswith("CI")})
+
+
+# What a result records of the machine it ran on that moves its figures: the GPU, its driver, CUDA, torch, Triton,
+# Python and the environment variables that change kernels or launches.
+ENVIRONMENT_FIELDS = ("device_name", "sm_count", "driver", "cuda", "torch", "triton", "python", "environment")
+
+
+def environment_changes(frame: pd.DataFrame, earlier: pd.DataFrame) -> list[str]:
+    """A line per device and solution of both runs whose recorded environment (ENVIRONMENT_FIELDS) differs: a change
+    between the runs' figures may then be the environment's as well as the code's."""
+    notes = []
+    for (slug, name), now in frame.attrs["runs"].items():
+        if (before := earlier.attrs["runs"].get((slug, name))) is None:
+            continue
+        then, here = before.provenance, now.provenance
+        differ = [f"{field} {getattr(then, field)} -> {getattr(here, field)}" for field in ENVIRONMENT_FIELDS
+                  if getattr(then, field) != getattr(here, field)]  # fmt: skip
+        if differ:
+            notes.append(f"{name} on {slug}: the runs differ in {', '.join(differ)}; the changes below may be theirs too")
+    return notes
 
 
 def _format(value: object) -> str:

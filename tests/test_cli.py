@@ -636,7 +636,7 @@ def test_failed_timing_notes_name_passed_workloads_whose_timing_failed() -> None
 
 def test_compare_against_an_earlier_run(tmp_path: Path) -> None:
     """Each workload both runs hold, now, then and the change, beyond the runs' 95% intervals or not, and the means over
-    the workloads both passed."""
+    the workloads both passed; a note where the runs' environments differ (GPU, driver, CUDA, torch, Triton, Python)."""
     earlier = tmp_path / "earlier"
     shutil.copytree(RESULTS_DIR / "nvidia-h200", earlier / "nvidia-h200")
     shutil.copytree(RESULTS_DIR / "nvidia-h200", tmp_path / "now" / "nvidia-h200")
@@ -655,6 +655,11 @@ def test_compare_against_an_earlier_run(tmp_path: Path) -> None:
     assert rows.loc["5", "status"] == "PASSED -> INCORRECT_NUMERICAL" and rows.loc["mean", "status"] == "15 passed in both"
     passed = [w.device_us for w in result.workloads if w.status is Status.PASSED]
     assert float(rows.loc["mean", "device_us"]) == pytest.approx(sum(passed) / len(passed), abs=1e-6)
+    assert "the runs differ" not in invoke(*args).output
+    result.provenance = result.provenance.model_copy(update={"torch": "2.12.0+cu130", "environment": {"X": "1"}})
+    save(result, path)  # benched again after an upgrade: the note names what changed besides the code
+    note = "triton_fused on nvidia-h200: the runs differ in torch 2.11.0+cu130 -> 2.12.0+cu130, environment {} -> {'X': '1'}"
+    assert note in " ".join(invoke(*args).output.split())
     missing = invoke("compare", "--results-dir", str(tmp_path / "now"), "--against", str(tmp_path / "none"))
     assert missing.exit_code == 2 and "no result files under" in missing.output
 
