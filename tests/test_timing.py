@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 import torch
@@ -49,6 +49,9 @@ from harness.workloads import load_named_suite
 from reference import generate_inputs
 from reference.problem import INPUTS, OUTPUTS, Dims
 from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM, cpu_bench
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11's, and the project supports 3.10
 
 SMOKE = load_named_suite("smoke")
 FAST = TimingConfig(warmup_calls=1, min_calls=4, max_calls=6, batch_calls=2)
