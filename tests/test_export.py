@@ -138,9 +138,8 @@ def test_leaderboard_record_of_triton_fused() -> None:
     assert record.protocol["launch_audit"].startswith("cupti-python")  # the committed run was launch-audited
     assert len(record.workloads) == 16 and all(0.5 < w.sol_score <= 1 for w in record.workloads)
     scores = load_frame(RESULTS_DIR, H200).query("solution == 'triton_fused'")  # both scores as compare's
-    assert [(w.sol_score, w.device_sol_score) for w in record.workloads] == pytest.approx(
-        list(zip(scores.sol_score, scores.device_sol_score))
-    )
+    assert [w.sol_score for w in record.workloads] == pytest.approx(scores.sol_score.tolist())
+    assert [w.device_sol_score for w in record.workloads] == pytest.approx(scores.device_sol_score.tolist())
     assert {s["path"] for s in record.implementation["sources"]} == set(result.solution.source_sha256)
     assert record.environment["gpu"] == "NVIDIA H200"
 
