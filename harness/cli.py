@@ -401,7 +401,9 @@ def bench(
         if len(skipped) == 1 and all(w.status is Status.SKIPPED for w in result.workloads):
             # one reason for every workload (a device it does not run on, a missing extra): a line, not a table of them
             reason = escape(skipped.pop().removeprefix(f"solution '{result.solution.name}' "))
-            console.print(f"{result.solution.name}: every workload SKIPPED ({reason}); {written}", highlight=False)
+            console.print(
+                f"{result.solution.name}: every workload SKIPPED ({reason}); {written}", highlight=False, soft_wrap=True
+            )
             continue
         console.print(workload_table(result))
         for table in kernel_tables(result):
@@ -415,6 +417,7 @@ def bench(
         console.print(
             f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; {means}; {result.duration_s:.1f} s; {written}",
             highlight=False,
+            soft_wrap=True,  # one line: the path in it is copied whole
         )
         failed |= any(w.status not in (Status.PASSED, Status.SKIPPED) for w in result.workloads)
     if failed:
@@ -745,6 +748,7 @@ def calibrate(results_dir: Annotated[Path, typer.Option(help="where the calibrat
         f"{calibration.device_name}: copy {calibration.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
         f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {path}",
         highlight=False,
+        soft_wrap=True,
     )
 
 

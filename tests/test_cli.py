@@ -93,10 +93,13 @@ def test_another_suites_results_are_compared_and_plotted_apart(tmp_path: Path) -
 
 
 def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> None:
-    result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(tmp_path), "--trials", "1")
+    """A run over some workloads goes to partial/; the summary names its file whole, however long its path."""
+    results = tmp_path / ("deep" * 40)
+    result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(results), "--trials", "1")
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "cpu" / "partial" / "torch_eager.json").is_file()
-    assert not (tmp_path / "cpu" / "torch_eager.json").exists()
+    assert (results / "cpu" / "partial" / "torch_eager.json").is_file()
+    assert not (results / "cpu" / "torch_eager.json").exists()
+    assert f"written to {results / 'cpu' / 'partial' / 'torch_eager.json'}\n" in result.output
 
 
 @pytest.mark.parametrize(
