@@ -510,14 +510,18 @@ def failed_timing_notes(frame) -> list[str]:
     return notes
 
 
+def print_notes(notes: list[str]) -> None:
+    """On stderr, so that --format csv stays parseable."""
+    for note in notes:
+        errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+
+
 def changed_code_notes(frame) -> list[str]:
     """A line per result whose solution's folder in this checkout holds other code than the result measured: its
     figures are of that code. A result of a solution not in the checkout is passed over."""
-    notes = []
+    notes, solutions = [], discover(SOLUTIONS_DIR)
     for (slug, name), run in frame.attrs["runs"].items():
-        try:
-            solution = get_solution(name, SOLUTIONS_DIR)
-        except SolutionError:
+        if (solution := solutions.get(name)) is None:
             continue
         if changed := solution.changed_sources(run.solution.source_sha256, run.solution.source_hash_method):
             notes.append(f"{name}'s result on {slug} measured other code than solutions/{name}/ holds now "
@@ -536,8 +540,7 @@ def load_results_or_fail(
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
         errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
     if not frame.empty:
-        for note in pacing_notes(frame) + failed_timing_notes(frame) + ([] if earlier else changed_code_notes(frame)):
-            errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+        print_notes(pacing_notes(frame) + failed_timing_notes(frame) + ([] if earlier else changed_code_notes(frame)))
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
     if frame.empty or missing:
         devices = sorted(p.name for p in results_dir.iterdir() if p.is_dir()) if results_dir.is_dir() else []
@@ -592,8 +595,7 @@ def compare_cmd(
         table = comparing.changes(frame, earlier, values)
         if table.empty:
             fail(f"no workload of the same device, suite and solution in both {results_dir} and {against}")
-        for note in comparing.environment_changes(frame, earlier):
-            errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+        print_notes(comparing.environment_changes(frame, earlier))
         comparing.render(table, fmt, f"{', '.join(values)}: now, in {against} and the change", console)
     elif by_workload:
         table, title = comparing.by_workload(frame, values), f"{', '.join(values)} per workload"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from harness import __version__
 from harness.compare import load_frame, summary
 from harness.provenance import REPO_ROOT
-from harness.registry import Solution
+from harness.registry import Solution, changed_paths, hash_sources
 from harness.results import BenchResult, WorkloadResult
 from harness.solexecbench import (
     BuildSpec,
@@ -87,13 +87,14 @@ def bundled_reference_source() -> str:
 def measured_sources(result: BenchResult, solution: Solution) -> dict[str, str]:
     """The solution's sources, refused unless each is the one the result measured: the same code (comments and
     docstrings aside), or for an older result the same text."""
-    changed = solution.changed_sources(result.solution.source_sha256, result.solution.source_hash_method)
+    sources = solution.sources()  # read once: what is hashed is what is exported
+    changed = changed_paths(result.solution.source_sha256, hash_sources(sources, result.solution.source_hash_method))
     if changed:
         raise ExportError(
             f"the sources of '{solution.name}' differ from those its result measured ({', '.join(changed)}): "
             "bench it again, then export"
         )
-    return solution.sources()
+    return sources
 
 
 def exported_sources(name: str, sources: dict[str, str]) -> list[SourceFile]:
