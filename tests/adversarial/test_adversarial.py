@@ -10,10 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from harness.cli import app
 from harness.launch_audit import cupti
+from harness.provenance import device_slug
 from harness.reward_hacks import REWARD_HACK_CHECKS
 from harness.workloads import load_named_suite
 from tests.conftest import HAS_CUDA
@@ -90,6 +92,11 @@ def bench(tmp_path: Path, solutions: str, solutions_dir: Path | None = None, *ex
     return CliRunner().invoke(app, args, catch_exceptions=False)
 
 
+def gpu_folder() -> str:
+    """The folder bench writes this GPU's results to (nvidia-h200, nvidia-h100-80gb-hbm3, ...)."""
+    return device_slug(torch.device("cuda"))
+
+
 def statuses(tmp_path: Path, device: str, name: str, partial: bool = False) -> list[dict]:
     folder = tmp_path / device / ("partial" if partial else "")
     return json.loads((folder / f"{name}.json").read_text())["workloads"]
@@ -141,7 +148,7 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
     want.update(
         dict.fromkeys(late, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL", skips_tail_tokens="INCORRECT_NUMERICAL"
     )
-    got = {n: statuses(tmp_path / str(run), "nvidia-h200", n, True)[0] for run, names in enumerate(runs) for n in names}
+    got = {n: statuses(tmp_path / str(run), gpu_folder(), n, True)[0] for run, names in enumerate(runs) for n in names}
     for name, status in want.items():
         assert got[name]["status"] == status, (name, got[name]["message"][:300])
     assert all("GPU work ran" in got[name]["message"] for name in late)
@@ -158,7 +165,7 @@ def test_native_thread_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
     copy or fill is issued late, but the launch audit sees the driver calls another thread made while no call ran (its
     verdict comes last, so it is the message even where the writes lost the race to the harness's reads)."""
     bench(tmp_path, "finishes_on_native_thread", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
-    (got,) = statuses(tmp_path, "nvidia-h200", "finishes_on_native_thread", True)
+    (got,) = statuses(tmp_path, gpu_folder(), "finishes_on_native_thread", True)
     assert got["status"] == "REWARD_HACK" and "while no call was running" in got["message"], got["message"][:300]
     assert "calls issuing GPU work" in got["message"] and "cuStreamBatchMemOp" in got["message"], got["message"][:300]
 
@@ -169,6 +176,6 @@ def test_another_process_is_caught_by_the_launch_audit(tmp_path: Path) -> None:
     its own: the launch audit's look at the GPU's processes finds the child while no call is running (its verdict comes
     last, so it is the message even where the writes landed after the harness's reads)."""
     bench(tmp_path, "finishes_in_another_process", ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
-    (got,) = statuses(tmp_path, "nvidia-h200", "finishes_in_another_process", True)
+    (got,) = statuses(tmp_path, gpu_folder(), "finishes_in_another_process", True)
     message = got["message"]
     assert got["status"] == "REWARD_HACK" and "started by the solution, held a CUDA context" in message, message[:300]
