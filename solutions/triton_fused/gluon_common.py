@@ -9,15 +9,17 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-# Gluon's API moves between Triton releases. Triton 3.6 (the H200 machine's) names TMA's copies
-# async_copy_global_to_shared and async_copy_shared_to_global and the barrier of a partition's warps thread_barrier;
-# later releases async_load, async_store and barrier, and refuse the old names. The kernels call the names bound here,
-# so that one source compiles under both. A shared buffer's view under another type, 3.6's _reinterpret, is public
-# later as reinterpret: the kernels call the old name, which is given to the new method where it is missing.
+# Gluon's API moves between Triton releases, each name on its own. Triton 3.6 (the H200 machine's) names TMA's copies
+# async_copy_global_to_shared and async_copy_shared_to_global, 3.8 on async_load and async_store (and refuse the old
+# names); the barrier of a partition's warps is thread_barrier in 3.6, barrier from 3.7. The kernels call the names
+# bound here, so that one source compiles under all of them. A shared buffer's view under another type, 3.6's
+# _reinterpret, is public from 3.9 as reinterpret: the kernels call the old name, which is given to the new method
+# where it is missing.
 if hasattr(tma, "async_load"):
-    tma_load, tma_store, warps_barrier = tma.async_load, tma.async_store, gl.barrier
+    tma_load, tma_store = tma.async_load, tma.async_store
 else:
-    tma_load, tma_store, warps_barrier = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global, gl.thread_barrier
+    tma_load, tma_store = tma.async_copy_global_to_shared, tma.async_copy_shared_to_global
+warps_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 if not hasattr(gl.shared_memory_descriptor, "_reinterpret"):
     gl.shared_memory_descriptor._reinterpret = gl.shared_memory_descriptor.reinterpret
 
