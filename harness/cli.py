@@ -98,7 +98,7 @@ def joined_items(options: Sequence[str] | None) -> list[str]:
 
 def fail(message: str) -> None:
     """One line, however long: the console would otherwise break it at its width, inside a path or a command to copy."""
-    console.print(f"[bold red]error:[/bold red] {message}", markup=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -221,15 +221,21 @@ ERROR_SHOWN = 240  # characters of an optional timing's error in the bench's out
 
 def print_failures(workloads: list[WorkloadResult]) -> None:
     """What failed, per workload: its status and message, and the error of an optional timing that failed where it is
-    not that message (a failed mixed-T or sustained timing is the workload's verdict)."""
+    not that message (a failed mixed-T or sustained timing is the workload's verdict). Each line whole, however long,
+    so that a log's grep for a workload's line finds all of it."""
     for w in workloads:
         if w.status is not Status.PASSED and w.message:
             first_lines = "\n    ".join(w.message.splitlines()[:6])
-            console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {w.status.value}: {first_lines}", highlight=False, markup=True)
+            console.print(
+                f"  [bold]#{w.index} {w.uuid}[/bold] {w.status.value}: {escape(first_lines)}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
         for name, timing in (("CUDA graph", w.cuda_graph), ("mixed T", w.mixed_tokens), ("sustained", w.sustained)):
             if timing is not None and timing.error and timing.error != w.message:
                 error = escape(textwrap.shorten(timing.error, ERROR_SHOWN, placeholder=" ... (the result file has it all)"))
-                console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {name}: {error}", highlight=False, markup=True)
+                console.print(f"  [bold]#{w.index} {w.uuid}[/bold] {name}: {error}", highlight=False, markup=True, soft_wrap=True)
 
 
 @app.command()
@@ -387,16 +393,16 @@ def bench(
         errors.print(f"[yellow]interrupted: the workloads that finished are written to {len(results)} partial files[/yellow]")
     for result in results:
         path = paths[result.solution.name]
-        written = f"written to {path}"
+        written = f"written to {escape(str(path))}"
         try:
             save(result, path)
         except OSError as exc:  # the tables below still show the run
-            errors.print(f"error: {path} not written: {exc.strerror or exc}", highlight=False)
+            errors.print(f"error: {escape(str(path))} not written: {escape(str(exc.strerror or exc))}", highlight=False)
             written, failed = "not written", True
             fallback = _saved_elsewhere(result)
             if fallback is not None:
-                errors.print(f"the result is in {fallback}", highlight=False)
-                written = f"written to {fallback} instead"
+                errors.print(f"the result is in {escape(str(fallback))}", highlight=False)
+                written = f"written to {escape(str(fallback))} instead"
         skipped = {w.message for w in result.workloads if w.status is Status.SKIPPED}
         if len(skipped) == 1 and all(w.status is Status.SKIPPED for w in result.workloads):
             # one reason for every workload (a device it does not run on, a missing extra): a line, not a table of them
@@ -451,12 +457,14 @@ def list_cmd(
     for sol in solutions.values():
         reason = sol.unavailable_reason()
         description = (
-            f"[yellow]unavailable[/yellow]: {escape(_one_line(reason, 200))}" if reason else _one_line(sol.spec.description)
+            f"[yellow]unavailable[/yellow]: {escape(_one_line(reason, 200))}"
+            if reason
+            else escape(_one_line(sol.spec.description))
         )
         gpus = f" ({', '.join(sol.spec.architectures)})" if sol.spec.architectures else ""
         table.add_row(sol.name, sol.spec.language, ", ".join(sol.spec.devices) + gpus, description)
     for name, problem in broken.items():
-        table.add_row(name, "[red]invalid[/red]", "", _one_line(problem, 200))
+        table.add_row(name, "[red]invalid[/red]", "", escape(_one_line(problem, 200)))
     console.print(table)
     table = Table(title="Suites")
     for column in ("name", "workloads", "description"):
@@ -465,9 +473,9 @@ def list_cmd(
         try:
             loaded = load_suite(path)
         except ManifestError as exc:
-            table.add_row(name, "[red]invalid[/red]", str(exc))
+            table.add_row(name, "[red]invalid[/red]", escape(str(exc)))
             continue
-        table.add_row(name, str(len(loaded.workloads)), loaded.description)
+        table.add_row(name, str(len(loaded.workloads)), escape(loaded.description))
     console.print(table)
 
 
@@ -513,7 +521,7 @@ def failed_timing_notes(frame) -> list[str]:
 def print_notes(notes: list[str]) -> None:
     """On stderr, so that --format csv stays parseable."""
     for note in notes:
-        errors.print(f"[yellow]note:[/yellow] {note}", highlight=False)
+        errors.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False)
 
 
 def changed_code_notes(frame) -> list[str]:
@@ -538,7 +546,7 @@ def load_results_or_fail(
     names = joined_items(solutions) or None
     frame = comparing.load_frame(results_dir, device, names, suite)
     for problem in frame.attrs["skipped"]:  # on stderr, so that --format csv stays parseable
-        errors.print(f"[yellow]skipped:[/yellow] {problem}", highlight=False)
+        errors.print(f"[yellow]skipped:[/yellow] {escape(problem)}", highlight=False)
     if not frame.empty:
         print_notes(pacing_notes(frame) + failed_timing_notes(frame) + ([] if earlier else changed_code_notes(frame)))
     missing = [name for name in names or [] if name not in set(frame.solution if not frame.empty else ())]
@@ -628,7 +636,7 @@ def plot(
 
     with file_errors():
         for path in plot_all(load_results_or_fail(results_dir, device, solution, suite), out):
-            console.print(f"wrote {path}", highlight=False)
+            console.print(f"wrote {escape(str(path))}", highlight=False)
 
 
 @app.command("export")
@@ -677,7 +685,7 @@ def export_cmd(
     except (ExportError, *USER_ERRORS) as exc:
         fail(str(exc))
     for written_path in written:
-        console.print(f"wrote {written_path}", highlight=False)
+        console.print(f"wrote {escape(str(written_path))}", highlight=False)
 
 
 @app.command("import-workloads")
@@ -702,7 +710,7 @@ def import_workloads_cmd(
         fail(f"{target} exists (the {target.stem} suite): choose another --name or --output, or pass --force to replace it")
     with file_errors():
         target.write_text(suite_yaml(suite))
-    console.print(f"wrote {target} ({len(suite.workloads)} workloads)", highlight=False)
+    console.print(f"wrote {escape(str(target))} ({len(suite.workloads)} workloads)", highlight=False)
 
 
 @app.command("import-solution")
@@ -729,10 +737,10 @@ def import_solution_cmd(
             (folder / relative).parent.mkdir(parents=True, exist_ok=True)
             (folder / relative).write_text(text)
     for note in imported.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False)
     where = "" if solutions_dir == SOLUTIONS_DIR else f" --solutions-dir {solutions_dir}"
-    console.print(f"wrote {folder} ({len(imported.files)} files); run it with: harness bench --solution {imported.spec.name}"
-                  f"{where}", highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(f"wrote {escape(str(folder))} ({len(imported.files)} files); run it with: harness bench --solution "
+                  f"{imported.spec.name}{escape(where)}", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 @app.command()
@@ -748,7 +756,7 @@ def calibrate(results_dir: Annotated[Path, typer.Option(help="where the calibrat
         path = save(calibration, results_dir / provenance.device_slug(device) / "calibration.json")
     console.print(
         f"{calibration.device_name}: copy {calibration.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
-        f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {path}",
+        f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {escape(str(path))}",
         highlight=False,
         soft_wrap=True,
     )

@@ -15,9 +15,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from harness import compare as comparing
-from harness.cli import app, failed_timing_notes, pacing_notes
+from harness.cli import app, failed_timing_notes, pacing_notes, print_failures
 from harness.registry import discover
-from harness.results import RESULTS_DIR, load_result, save
+from harness.results import RESULTS_DIR, WorkloadResult, load_result, save
 from harness.status import Status
 from tests.conftest import HAS_CUDA, ONE_SHAPE, WRONG_WHEN_WARM
 
@@ -106,6 +106,7 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
     "args, message",
     [
         (("bench", "--solution", "nope"), f"unknown solution 'nope'; known solutions: {', '.join(discover())}"),
+        (("bench", "--solution", "[/x]"), "unknown solution '[/x]'"),  # shown as typed, not read as rich's markup
         (("bench", "--solution", ""), "--solution names no solution"),
         (("bench", "--solution", " , "), "--solution names no solution"),
         (("bench", "--solution", "torch_eager", "--workload", "zzz"), "error: 'zzz' matches 0 workloads"),
@@ -119,6 +120,7 @@ def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> N
         (("bench", "--solution", "torch_eager", "--run-timeout", "0"), "Invalid value for '--run-timeout'"),
         (("compare", "--format", "xml"), "--format must be"),
         (("bench", "--solution", "torch_eager", "--solutions-dir", "/nonexistent"), "no folder of solutions at /nonexistent"),
+        (("bench", "--solution", "torch_eager", "--solutions-dir", "/runs[b]"), "no folder of solutions at /runs[b]"),
         (("compare", "--by-workload", "--value", "latency_us,latency"), "--value must be one or more of"),
     ],
 )
@@ -127,6 +129,16 @@ def test_user_errors_are_clear_and_exit_2(tmp_path: Path, args: tuple[str, ...],
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_a_workloads_failure_is_printed_whole_and_as_written(capsys) -> None:
+    """A solution's message is its own text: brackets in it are not rich's markup (a closing tag would crash bench after
+    the first solution's file, before the others'), and each line stays whole for a log's grep."""
+    message = "the rows [selected] differ at " + "/deep" * 40 + " [/x]"
+    failed = WorkloadResult(uuid="u", index=3, batch_seq_len=8, num_tokens=4, hidden_dim=16, ffn_dim=32,
+                            status=Status.RUNTIME_ERROR, message=message, flops=1, bytes=1)  # fmt: skip
+    print_failures([failed])
+    assert f"#3 u RUNTIME_ERROR: {message}\n" in capsys.readouterr().out
 
 
 def test_list_names_the_gpus_a_solution_runs_on(make_solution) -> None:
