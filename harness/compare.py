@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.registry import changed_paths
@@ -368,7 +369,7 @@ def rich_table(frame: pd.DataFrame, title: str) -> Table:
     for row in shown.itertuples(index=False):
         cells = []
         for value in row:
-            text = _format(value)
+            text = escape(_format(value))  # a name from a result file is shown as written, not read as markup
             if text.startswith(Status.PASSED.value):
                 text = f"[green]{text}[/green]"
             elif any(s.value in text for s in Status if s is not Status.PASSED):

@@ -141,6 +141,16 @@ def test_a_workloads_failure_is_printed_whole_and_as_written(capsys) -> None:
     assert f"#3 u RUNTIME_ERROR: {message}\n" in capsys.readouterr().out
 
 
+def test_compare_shows_a_result_files_names_as_written(tmp_path: Path) -> None:
+    """Names in a result file are shown, not read as rich's markup (a closing tag there raised MarkupError)."""
+    raw = json.loads((RESULTS_DIR / "nvidia-h200" / "torch_cublas.json").read_text())
+    raw["solution"]["name"] = "cublas[/x]"
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "cublas.json").write_text(json.dumps(raw))
+    result = invoke("compare", "--results-dir", str(tmp_path))
+    assert result.exit_code == 0 and "cublas[/x]" in result.output, result.output
+
+
 def test_list_names_the_gpus_a_solution_runs_on(make_solution) -> None:
     root = make_solution("hopper_only", "def run(*tensors):\n    pass\n", devices="[cuda]", extra_yaml="architectures: [sm_90]")
     result = invoke("list", "--solutions-dir", str(root))
