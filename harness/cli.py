@@ -393,22 +393,25 @@ def bench(
         errors.print(f"[yellow]interrupted: the workloads that finished are written to {len(results)} partial files[/yellow]")
     for result in results:
         path = paths[result.solution.name]
-        written = f"written to {escape(str(path))}"
+        written = f"written to {path}"
         try:
             save(result, path)
         except OSError as exc:  # the tables below still show the run
-            errors.print(f"error: {escape(str(path))} not written: {escape(str(exc.strerror or exc))}", highlight=False)
+            errors.print(f"error: {path} not written: {exc.strerror or exc}", markup=False, highlight=False)
             written, failed = "not written", True
             fallback = _saved_elsewhere(result)
             if fallback is not None:
-                errors.print(f"the result is in {escape(str(fallback))}", highlight=False)
-                written = f"written to {escape(str(fallback))} instead"
+                errors.print(f"the result is in {fallback}", markup=False, highlight=False)
+                written = f"written to {fallback} instead"
         skipped = {w.message for w in result.workloads if w.status is Status.SKIPPED}
         if len(skipped) == 1 and all(w.status is Status.SKIPPED for w in result.workloads):
             # one reason for every workload (a device it does not run on, a missing extra): a line, not a table of them
-            reason = escape(skipped.pop().removeprefix(f"solution '{result.solution.name}' "))
+            reason = skipped.pop().removeprefix(f"solution '{result.solution.name}' ")
             console.print(
-                f"{result.solution.name}: every workload SKIPPED ({reason}); {written}", highlight=False, soft_wrap=True
+                f"{result.solution.name}: every workload SKIPPED ({reason}); {written}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
             )
             continue
         console.print(workload_table(result))
@@ -422,6 +425,7 @@ def bench(
                  f"{_us(_mean(device_times))} us over the {len(passed)} passed" if passed else "no passed workload timed")  # fmt: skip
         console.print(
             f"{result.solution.name}: passed {result.passed}/{len(result.workloads)}; {means}; {result.duration_s:.1f} s; {written}",
+            markup=False,
             highlight=False,
             soft_wrap=True,  # one line: the path in it is copied whole
         )
@@ -636,7 +640,7 @@ def plot(
 
     with file_errors():
         for path in plot_all(load_results_or_fail(results_dir, device, solution, suite), out):
-            console.print(f"wrote {escape(str(path))}", highlight=False)
+            console.print(f"wrote {path}", markup=False, highlight=False)
 
 
 @app.command("export")
@@ -685,7 +689,7 @@ def export_cmd(
     except (ExportError, *USER_ERRORS) as exc:
         fail(str(exc))
     for written_path in written:
-        console.print(f"wrote {escape(str(written_path))}", highlight=False)
+        console.print(f"wrote {written_path}", markup=False, highlight=False)
 
 
 @app.command("import-workloads")
@@ -710,7 +714,7 @@ def import_workloads_cmd(
         fail(f"{target} exists (the {target.stem} suite): choose another --name or --output, or pass --force to replace it")
     with file_errors():
         target.write_text(suite_yaml(suite))
-    console.print(f"wrote {escape(str(target))} ({len(suite.workloads)} workloads)", highlight=False)
+    console.print(f"wrote {target} ({len(suite.workloads)} workloads)", markup=False, highlight=False)
 
 
 @app.command("import-solution")
@@ -737,10 +741,10 @@ def import_solution_cmd(
             (folder / relative).parent.mkdir(parents=True, exist_ok=True)
             (folder / relative).write_text(text)
     for note in imported.notes:
-        console.print(f"note: {escape(note)}", highlight=False)
+        console.print(f"note: {note}", markup=False, highlight=False)
     where = "" if solutions_dir == SOLUTIONS_DIR else f" --solutions-dir {solutions_dir}"
-    console.print(f"wrote {escape(str(folder))} ({len(imported.files)} files); run it with: harness bench --solution "
-                  f"{imported.spec.name}{escape(where)}", highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(f"wrote {folder} ({len(imported.files)} files); run it with: harness bench --solution {imported.spec.name}"
+                  f"{where}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
 
 @app.command()
@@ -756,7 +760,8 @@ def calibrate(results_dir: Annotated[Path, typer.Option(help="where the calibrat
         path = save(calibration, results_dir / provenance.device_slug(device) / "calibration.json")
     console.print(
         f"{calibration.device_name}: copy {calibration.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
-        f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {escape(str(path))}",
+        f"bf16 matmul {calibration.matmul_flops_per_s / 1e12:.0f} TFLOP/s; written to {path}",
+        markup=False,
         highlight=False,
         soft_wrap=True,
     )

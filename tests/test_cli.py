@@ -93,8 +93,9 @@ def test_another_suites_results_are_compared_and_plotted_apart(tmp_path: Path) -
 
 
 def test_bench_of_a_subset_does_not_replace_the_full_result(tmp_path: Path) -> None:
-    """A run over some workloads goes to partial/; the summary names its file whole, however long its path."""
-    results = tmp_path / ("deep" * 40)
+    """A run over some workloads goes to partial/; the summary names its file whole, however long its path, and as
+    written (a bracket in it is not rich's markup)."""
+    results = tmp_path / ("deep" * 40 + "[/x]")
     result = invoke("bench", "-s", "torch_eager", "-w", "0", "--results-dir", str(results), "--trials", "1")
     assert result.exit_code == 0, result.output
     assert (results / "cpu" / "partial" / "torch_eager.json").is_file()
