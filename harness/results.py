@@ -204,12 +204,14 @@ class SustainedTiming(BaseModel):
 
 class TimedChecks(BaseModel):
     """The checks of the timed calls' outputs (reward_hacks.TimedOutputChecks): how many calls were checked for
-    unwritten elements, and which calls of each timing (numbered from 0, warm-ups included) were drawn for verification
-    in full."""
+    unwritten elements, which calls of each timing (numbered from 0, warm-ups included) were drawn for verification
+    in full, and which call-latency calls for the check of their sampled elements (reward_hacks.SampledElements;
+    empty in files written before it)."""
 
     poison_checked: int
     verified_device_time_calls: list[int]
     verified_call_latency_calls: list[int]
+    sampled_call_latency_calls: list[int] = []
 
 
 class KernelRun(BaseModel):

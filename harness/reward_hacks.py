@@ -399,8 +399,11 @@ class TimedOutputChecks:
     calls whose weight blocks were drawn anew, which no call can tell from the others without reading its weights.
     """
 
-    def __init__(self, scan_unwritten: bool = True, fresh_weights_only: bool = False) -> None:
+    def __init__(
+        self, scan_unwritten: bool = True, fresh_weights_only: bool = False, elements: SampledElements | None = None
+    ) -> None:
         self.fresh_weights_only = fresh_weights_only
+        self.elements = elements  # where given, every call's outputs are sampled too (SampledElements)
         self.current: TimedCall | None = None  # the call being made (set by the timing's prepare)
         self.calls = 0
         self._candidates = 0  # the calls the sample is drawn from
@@ -411,6 +414,8 @@ class TimedOutputChecks:
     def after(self, i: int) -> None:
         if self.scan is not None:
             self.scan.after(self.current.outputs)
+        if self.elements is not None:
+            self.elements.after(self.current, i)
         self.calls += 1
         if self.fresh_weights_only and not self.current.fresh_weights:
             return
@@ -424,6 +429,85 @@ class TimedOutputChecks:
     def poisoned(self, name: str) -> str:
         """PoisonScan.verdict of the calls ("" where not scanned)."""
         return self.scan.verdict(name) if self.scan is not None else ""
+
+
+# Elements gathered from each output of every call of the call-latency timing (the headline), and the calls of it whose
+# elements are compared with the reference after the timing: with VERIFIED_TIMED_CALLS alone, a solution that fakes
+# its outputs cheaply (a fill, a stale copy) on a fraction f of the calls escapes with probability (1 - f)^3 a timing;
+# with these calls too, (1 - f)^35. 512 elements of an honest output, of which the trials' rule lets 1% miss, never
+# match under GROSS_MISMATCH_RATIO (51 misses against about 5 expected); a fake matches few of them.
+SAMPLED_ELEMENTS = 512
+SAMPLED_CALLS = 32
+
+
+class SampledElements:
+    """SAMPLED_ELEMENTS elements of each output of every call, gathered as the call ends at positions drawn after it
+    returned (by a generator seeded from the operating system's entropy), so no call can know which of its elements
+    will be read; an output scattered to the batch is sampled in the rows the tokens scatter to, where a call's work
+    lands (the other rows are zero, which a fake matches for free). After the timing, SAMPLED_CALLS of the calls,
+    drawn then, are compared there with the reference on their inputs drawn again from their seeds.
+
+    The gathers are GPU work issued between calls. The call-latency timing waits for an idle device before each call
+    and flushes the L2, so they add nothing to its window; timings that keep the queue full are not sampled this way
+    (their host would issue more work per call than it has time for at small T)."""
+
+    def __init__(self, device: torch.device) -> None:
+        # with its index, as the outputs' devices have it: torch.device("cuda") equals no tensor's device
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == torch.device("cuda") else device
+        self._generator = torch.Generator(device=self.device)
+        self._generator.manual_seed(secrets.randbits(63))
+        self.calls: list[tuple[TimedCall, list[tuple[torch.Tensor, torch.Tensor] | None]]] = []
+        self._chosen: list[int] | None = None
+
+    def after(self, call: TimedCall, index: int) -> None:
+        """Gather the elements of the call's outputs (an output that is no contiguous tensor on the device is left to
+        the checks of the trials and the last calls, which name what is wrong with it)."""
+        gathered: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for spec, out in zip(OUTPUTS, call.outputs):
+            usable = isinstance(out, torch.Tensor) and out.device == self.device and out.is_contiguous() and out.numel()
+            if not usable:
+                gathered.append(None)
+                continue
+            positions = self._positions(out, call.inputs["token_indices"] if spec.shape[0] == "B" else None)
+            gathered.append((positions, out.view(-1)[positions]))
+        self.calls.append((replace(call, inputs={}, outputs=[], index=index), gathered))
+
+    def _positions(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        def draw(high: int) -> torch.Tensor:
+            return torch.randint(high, (SAMPLED_ELEMENTS,), device=self.device, generator=self._generator)
+
+        if rows is None:
+            return draw(out.numel())
+        width = out.numel() // out.shape[0]
+        return rows.to(self.device)[draw(rows.numel())] * width + draw(width)
+
+    @property
+    def chosen(self) -> list[int]:
+        """The numbers (among self.calls) of the calls compared with the reference, drawn once, after the timing."""
+        if self._chosen is None:
+            self._chosen = sorted(secrets.SystemRandom().sample(range(len(self.calls)), min(SAMPLED_CALLS, len(self.calls))))
+        return self._chosen
+
+    def verdict(self, workload: Workload, device: torch.device, what: str) -> tuple[Status, str] | None:
+        """REWARD_HACK for the first chosen call of which an output matches the reference (by the workload's
+        tolerance) in less than GROSS_MISMATCH_RATIO of its sampled elements: the calls verified in full passed, so
+        this one was made differently; None where all match."""
+        tol = workload.tolerance
+        for k in self.chosen:
+            call, gathered = self.calls[k]
+            reference = compute_reference(call.drawn_inputs(workload.dims, device))
+            for spec, ref, sample in zip(OUTPUTS, reference, gathered):
+                if sample is None:
+                    continue
+                positions, got = sample
+                want, got = ref.reshape(-1)[positions].float(), got.float()
+                matched = float(((got - want).abs() <= tol.atol + tol.rtol * want.abs()).float().mean())  # NaN: no match
+                if matched < GROSS_MISMATCH_RATIO:
+                    return Status.REWARD_HACK, (
+                        f"{what} call {call.index} (seed {call.seed}): {spec.name} matches the reference in {matched:.3f} "
+                        f"of {SAMPLED_ELEMENTS} elements sampled as it ended, although the calls verified in full passed"
+                    )
+        return None
 
 
 @dataclass
@@ -498,7 +582,7 @@ def verify_timed_outputs(
     """After timing: no timing saw late work as a habit (LATE_WORK_TIMED_SHARE); no timed call left an output
     element unwritten (or NaN); the sampled calls' outputs and those of the last call on each input set and at
     fresh addresses match the reference, one of those references spot-checked (harness.spot_check); those last calls'
-    inputs are unmodified."""
+    inputs are unmodified; the call-latency calls' sampled elements (SampledElements) match it too."""
     habit = late_work_habit(result)
     if habit:
         result.status, result.message = Status.REWARD_HACK, habit
@@ -515,6 +599,8 @@ def verify_timed_outputs(
             result.message = f"inputs modified during timing (seed {checked.seed}): {', '.join(mutated)}"
             return
     verdict = verdict_on_verified([*device_checks.kept, *latency_checks.kept, *last], workload, device, "timed calls")
+    if verdict is None and latency_checks.elements is not None:
+        verdict = latency_checks.elements.verdict(workload, device, "call-latency")
     if verdict:
         result.status, result.message = verdict
 

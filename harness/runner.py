@@ -61,6 +61,7 @@ from harness.reward_hacks import (
     LATE_WORK_RECHECKS,
     PROCESS_STATE_CHECKS,
     LateWorkWatch,
+    SampledElements,
     SolutionCaller,
     TimedCall,
     TimedOutputChecks,
@@ -334,7 +335,7 @@ class Bench:
         timed calls' outputs (TimedOutputChecks) and of the last calls' inputs; the optional CUDA-graph, mixed-T and
         sustained timings last."""
         seeds = unpredictable_seeds()
-        device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks()
+        device_checks, latency_checks = TimedOutputChecks(), TimedOutputChecks(elements=SampledElements(self.device))
         try:
             result.device_time, on_sets = self._time_device(call, workload.dims, pool, output_pool, seeds, device_checks)
             floor_latency, floor_host = time_launch_floor(self.device, self.options.timing)
@@ -355,6 +356,7 @@ class Bench:
             poison_checked=device_checks.calls + latency_checks.calls,
             verified_device_time_calls=[c.index for c in device_checks.kept],
             verified_call_latency_calls=[c.index for c in latency_checks.kept],
+            sampled_call_latency_calls=[latency_checks.elements.calls[k][0].index for k in latency_checks.elements.chosen],
         )
         if result.status is Status.PASSED:
             reward_hacks.verify_timed_outputs(workload, self.device, device_checks, latency_checks, [*on_sets, fresh], result)

@@ -26,7 +26,9 @@ from harness.results import RESULTS_DIR, KernelProfile, KernelRun, LateWork, Sus
 from harness.reward_hacks import (
     FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
+    SAMPLED_ELEMENTS,
     VERIFIED_TIMED_CALLS,
+    SampledElements,
     TimedCall,
     TimedOutputChecks,
     draw_sustained,
@@ -47,7 +49,7 @@ from harness.timing import (
 )
 from harness.workloads import load_named_suite
 from reference import generate_inputs
-from reference.problem import INPUTS, OUTPUTS, Dims
+from reference.problem import INPUTS, OUTPUT_NAMES, OUTPUTS, Dims
 from tests.conftest import ONE_SHAPE, WRONG_WHEN_WARM, cpu_bench
 
 if TYPE_CHECKING:
@@ -601,6 +603,75 @@ def test_outputs_of_a_stale_weight_are_named_and_fresh_ones_are_not(weight: str)
     moved = ["grad_hidden_states", "grad_w1_weight", "grad_w3_weight"] if weight == "w2_weight" else ["grad_hidden_states"]
     named = stale_outputs([k.to(spec.dtype) for spec, k in zip(OUTPUTS, kept)], reference, without_each)
     assert [part.split(" (")[0] for part in named.split(", ")] == moved, named
+
+
+def _sampled_calls(
+    workload, outputs_of: Callable[[int, dict[str, torch.Tensor]], list[torch.Tensor]], device: str = "cpu"
+) -> SampledElements:
+    """Five calls through SampledElements as the call-latency timing makes them: inputs drawn from a seed, the
+    outputs `outputs_of(call, inputs)` gathered as the call ends."""
+    elements = SampledElements(torch.device(device))
+    for i in range(5):
+        call = TimedCall(generate_inputs(workload.dims, 100 + i, torch.device(device)), 100 + i)
+        call.outputs = outputs_of(i, call.inputs)
+        elements.after(call, i)
+    return elements
+
+
+def _honest(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    return [r.to(spec.dtype) for spec, r in zip(OUTPUTS, compute_reference(inputs))]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sampled_elements_pass_honest_calls_and_catch_one_faked_call(device: str) -> None:
+    """Every call's elements are gathered (on a GPU too, whose bench names it without an index); the calls compared
+    afterwards (all five here, fewer than SAMPLED_CALLS) pass where computed, and one call whose grad_w2_weight is a
+    cheap fill is REWARD_HACK, named with its seed."""
+    workload = SMOKE.workloads[1]
+    honest = _sampled_calls(workload, lambda i, inputs: _honest(inputs), device)
+    assert honest.chosen == [0, 1, 2, 3, 4] and honest.verdict(workload, torch.device(device), "call-latency") is None
+    assert all(values.numel() == SAMPLED_ELEMENTS for _, gathered in honest.calls for _, values in gathered)
+
+    def faked(i: int, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        outputs = _honest(inputs)
+        if i == 3:
+            outputs[OUTPUT_NAMES.index("grad_w2_weight")].fill_(0.01)
+        return outputs
+
+    status, message = _sampled_calls(workload, faked, device).verdict(workload, torch.device(device), "call-latency")
+    assert status is Status.REWARD_HACK and message.startswith("call-latency call 3 (seed 103): grad_w2_weight"), message
+
+
+def test_sampled_elements_of_an_output_scattered_to_the_batch_lie_in_the_tokens_rows() -> None:
+    """grad_hidden_states is zero outside the T rows the tokens scatter to: sampled there, a call that leaves those rows
+    zero is caught although most of the tensor (every other row) matches."""
+    workload = max(SMOKE.workloads, key=lambda w: w.batch_seq_len / w.num_tokens)
+    elements = _sampled_calls(workload, lambda i, inputs: _honest(inputs))
+    (call, gathered), width = elements.calls[0], workload.hidden_dim
+    rows = set(generate_inputs(workload.dims, call.seed)["token_indices"].tolist())
+    assert {int(p) // width for p in gathered[OUTPUT_NAMES.index("grad_hidden_states")][0]} <= rows
+
+    def rows_left_zero(i: int, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        outputs = _honest(inputs)
+        outputs[0][inputs["token_indices"]] = 0
+        return outputs
+
+    status, message = _sampled_calls(workload, rows_left_zero).verdict(workload, torch.device("cpu"), "call-latency")
+    assert status is Status.REWARD_HACK and "call 0 (seed 100): grad_hidden_states" in message, message
+
+
+def test_sampled_elements_leave_an_unusable_output_to_the_other_checks() -> None:
+    """An output that is no contiguous tensor is not gathered (the trials and the calls verified in full say what is
+    wrong with it), rather than failing the timing with an exception of the harness's own."""
+    workload = SMOKE.workloads[1]
+
+    def odd(i: int, inputs: dict[str, torch.Tensor]) -> list[object]:
+        outputs = _honest(inputs)
+        return [None, outputs[1], outputs[2].t(), *outputs[3:]]
+
+    elements = _sampled_calls(workload, odd)
+    assert all(gathered[0] is None and gathered[2] is None for _, gathered in elements.calls)
+    assert elements.verdict(workload, torch.device("cpu"), "call-latency") is None
 
 
 def test_a_verified_sustained_call_judges_staleness_against_its_own_draw() -> None:
