@@ -447,9 +447,11 @@ class SampledElements:
     lands (the other rows are zero, which a fake matches for free). After the timing, SAMPLED_CALLS of the calls,
     drawn then, are compared there with the reference on their inputs drawn again from their seeds.
 
-    The gathers are GPU work issued between calls. The call-latency timing waits for an idle device before each call
-    and flushes the L2, so they add nothing to its window; timings that keep the queue full are not sampled this way
-    (their host would issue more work per call than it has time for at small T)."""
+    The gathers are GPU work issued between calls, and the harness waits for them to finish before it prepares the
+    next call: the call-latency timing waits for an idle device before each call and flushes the L2, so they add
+    nothing to its window, but work or host time left between one call's end and the next call's inputs, without that
+    wait, raised the next call's host time on an H100 (docs/performance.md). Timings that keep the queue full are not
+    sampled this way (their host would issue more work per call than it has time for at small T)."""
 
     def __init__(self, device: torch.device) -> None:
         # with its index, as the outputs' devices have it: torch.device("cuda") equals no tensor's device
@@ -471,6 +473,8 @@ class SampledElements:
             positions = self._positions(out, call.inputs["token_indices"] if spec.shape[0] == "B" else None)
             gathered.append((positions, out.view(-1)[positions]))
         self.calls.append((replace(call, inputs={}, outputs=[], index=index), gathered))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _positions(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         def draw(high: int) -> torch.Tensor:
