@@ -642,6 +642,19 @@ def test_sampled_elements_pass_honest_calls_and_catch_one_faked_call(device: str
     assert status is Status.REWARD_HACK and message.startswith("call-latency call 3 (seed 103): grad_w2_weight"), message
 
 
+@pytest.mark.gpu
+def test_sampled_elements_leave_the_device_idle_for_the_next_call() -> None:
+    """The gathers are waited for before the next call's inputs are drawn (work or host time left there raised
+    triton_fused's host time: docs/performance.md): with a kernel still running as a call ends, after() returns with
+    the device idle."""
+    workload, cuda = SMOKE.workloads[1], torch.device("cuda")
+    call = TimedCall(generate_inputs(workload.dims, 100, cuda), 100)
+    call.outputs = _honest(call.inputs)
+    torch.cuda._sleep(100_000_000)  # tens of milliseconds of the GPU's clock
+    SampledElements(cuda).after(call, 0)
+    assert torch.cuda.current_stream().query()
+
+
 def test_sampled_elements_of_an_output_scattered_to_the_batch_lie_in_the_tokens_rows() -> None:
     """grad_hidden_states is zero outside the T rows the tokens scatter to: sampled there, a call that leaves those rows
     zero is caught although most of the tensor (every other row) matches."""
