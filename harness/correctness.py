@@ -31,6 +31,12 @@ from reference.problem import OUTPUTS, TensorSpec
 ALL_ZEROS = "all zeros where the reference is not"
 
 
+def within_tolerance(diff: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """The elements whose absolute error `diff` passes the module's rule against `expected` (both float32); a NaN error
+    passes nowhere."""
+    return diff <= tol.atol + tol.rtol * expected.abs()
+
+
 def check_output(
     spec: TensorSpec,
     expected_shape: tuple[int, ...],
@@ -65,7 +71,7 @@ def check_output(
     max_abs = float(diff[finite].max()) if bool(finite.any()) else float("inf")
     rel = diff / expected.abs().clamp_min(tol.atol)
     max_rel = float(rel[finite].max()) if bool(finite.any()) else float("inf")
-    matched = (diff <= tol.atol + tol.rtol * expected.abs()) & finite
+    matched = within_tolerance(diff, expected, tol) & finite
     ratio = float(matched.float().mean()) if matched.numel() else 1.0
 
     problems = []

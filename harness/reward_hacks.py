@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness import guards
-from harness.correctness import check_outputs, compute_reference
+from harness.correctness import check_outputs, compute_reference, within_tolerance
 from harness.launch_audit import LaunchAudit
 from harness.registry import Solution
 from harness.results import OutputCheck, TrialReport, WorkloadResult
@@ -473,8 +473,7 @@ class SampledElements:
             positions = self._positions(out, call.inputs["token_indices"] if spec.shape[0] == "B" else None)
             gathered.append((positions, out.view(-1)[positions]))
         self.calls.append((replace(call, inputs={}, outputs=[], index=index), gathered))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        _synchronize(self.device)
 
     def _positions(self, out: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         def draw(high: int) -> torch.Tensor:
@@ -505,7 +504,7 @@ class SampledElements:
                     continue
                 positions, got = sample
                 want, got = ref.reshape(-1)[positions].float(), got.float()
-                matched = float(((got - want).abs() <= tol.atol + tol.rtol * want.abs()).float().mean())  # NaN: no match
+                matched = float(within_tolerance((got - want).abs(), want, tol).float().mean())
                 if matched < GROSS_MISMATCH_RATIO:
                     return Status.REWARD_HACK, (
                         f"{what} call {call.index} (seed {call.seed}): {spec.name} matches the reference in {matched:.3f} "
