@@ -491,6 +491,11 @@ class SampledElements:
             self._chosen = sorted(secrets.SystemRandom().sample(range(len(self.calls)), min(SAMPLED_CALLS, len(self.calls))))
         return self._chosen
 
+    @property
+    def chosen_calls(self) -> list[int]:
+        """The chosen calls' numbers in the timing (warm-ups counted), as the result records them."""
+        return [self.calls[k][0].index for k in self.chosen]
+
     def verdict(self, workload: Workload, device: torch.device, what: str) -> tuple[Status, str] | None:
         """REWARD_HACK for the first chosen call of which an output matches the reference (by the workload's
         tolerance) in less than GROSS_MISMATCH_RATIO of its sampled elements: the calls verified in full passed, so

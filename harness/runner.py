@@ -356,7 +356,7 @@ class Bench:
             poison_checked=device_checks.calls + latency_checks.calls,
             verified_device_time_calls=[c.index for c in device_checks.kept],
             verified_call_latency_calls=[c.index for c in latency_checks.kept],
-            sampled_call_latency_calls=[latency_checks.elements.calls[k][0].index for k in latency_checks.elements.chosen],
+            sampled_call_latency_calls=latency_checks.elements.chosen_calls,
         )
         if result.status is Status.PASSED:
             reward_hacks.verify_timed_outputs(workload, self.device, device_checks, latency_checks, [*on_sets, fresh], result)

@@ -26,6 +26,7 @@ from harness.results import RESULTS_DIR, KernelProfile, KernelRun, LateWork, Sus
 from harness.reward_hacks import (
     FRESH_WEIGHT_AXES,
     FRESH_WEIGHT_SHARE,
+    SAMPLED_CALLS,
     SAMPLED_ELEMENTS,
     VERIFIED_TIMED_CALLS,
     SampledElements,
@@ -118,6 +119,18 @@ def test_no_two_call_latency_calls_share_an_address(make_solution) -> None:
     assert len(set(flat)) == len(flat)
     earlier = {p for call in pointers[: -len(fresh)] for p in call}
     assert not earlier & set(flat)
+
+
+def test_the_result_names_the_call_latency_calls_whose_sampled_elements_were_compared(make_solution) -> None:
+    """The recorded calls are SAMPLED_CALLS (or all, where fewer were made) distinct call-latency calls, numbered as the
+    timing made them, warm-ups counted."""
+    root = make_solution("recording", RECORDING)
+    result = cpu_bench(root, "recording", BenchOptions(trials=1, timing=FAST)).run(SMOKE, SMOKE.workloads[:1])
+    workload = result.workloads[0]
+    assert workload.status.value == "PASSED", workload.message
+    made, sampled = workload.call_latency.n + FAST.warmup_calls, workload.timed_checks.sampled_call_latency_calls
+    assert sampled == sorted(set(sampled)) and len(sampled) == min(SAMPLED_CALLS, made)
+    assert all(0 <= c < made for c in sampled)
 
 
 def test_mixed_token_counts_take_the_nearest_other_t_within_the_batch() -> None:
