@@ -183,7 +183,8 @@ class Bench:
 
     def __init__(self, solution: Solution, device: torch.device, options: BenchOptions, results_dir: Path):
         self.solution = solution
-        self.device = device
+        # with its index, as tensors have it: torch.device("cuda") equals no tensor's device
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device == torch.device("cuda") else device
         self.options = options
         self.scorer = Scorer(device, results_dir, solution.name)
         self.baseline: dict[str, Baseline] = {} if solution.name == BASELINE_SOLUTION else self.scorer.baseline_from_file()

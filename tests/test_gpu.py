@@ -42,6 +42,12 @@ def bench_smallest_public_workload(
     return Bench(get_solution(solution), torch.device("cuda"), options, results_dir).run(suite, workloads)
 
 
+def test_bench_names_the_gpu_as_its_tensors_do(tmp_path: Path) -> None:
+    """The checks compare a device with the outputs' (an output elsewhere is not sampled): Bench gives "cuda" an index."""
+    bench = Bench(get_solution("torch_eager"), torch.device("cuda"), BenchOptions(trials=1), tmp_path)
+    assert bench.device == torch.empty(0, device="cuda").device
+
+
 @pytest.mark.parametrize("solution", ["reference_fp32", "torch_eager"])
 def test_public_workload_on_cuda(tmp_path: Path, solution: str) -> None:
     result = bench_smallest_public_workload(solution, tmp_path)

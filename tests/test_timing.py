@@ -635,11 +635,10 @@ def _honest(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     return [r.to(spec.dtype) for spec, r in zip(OUTPUTS, compute_reference(inputs))]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)])
 def test_sampled_elements_pass_honest_calls_and_catch_one_faked_call(device: str) -> None:
-    """Every call's elements are gathered (on a GPU too, whose bench names it without an index); the calls compared
-    afterwards (all five here, fewer than SAMPLED_CALLS) pass where computed, and one call whose grad_w2_weight is a
-    cheap fill is REWARD_HACK, named with its seed."""
+    """Every call's elements are gathered; the calls compared afterwards (all five here, fewer than SAMPLED_CALLS) pass
+    where computed, and one call whose grad_w2_weight is a cheap fill is REWARD_HACK, named with its seed."""
     workload = SMOKE.workloads[1]
     honest = _sampled_calls(workload, lambda i, inputs: _honest(inputs), device)
     assert honest.chosen == [0, 1, 2, 3, 4] and honest.verdict(workload, torch.device(device), "call-latency") is None
@@ -660,7 +659,7 @@ def test_sampled_elements_leave_the_device_idle_for_the_next_call() -> None:
     """The gathers are waited for before the next call's inputs are drawn (work or host time left there raised
     triton_fused's host time: docs/performance.md): with a kernel still running as a call ends, after() returns with
     the device idle."""
-    workload, cuda = SMOKE.workloads[1], torch.device("cuda")
+    workload, cuda = SMOKE.workloads[1], torch.device("cuda", 0)
     call = TimedCall(generate_inputs(workload.dims, 100, cuda), 100)
     call.outputs = _honest(call.inputs)
     torch.cuda._sleep(100_000_000)  # tens of milliseconds of the GPU's clock
