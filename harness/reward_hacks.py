@@ -454,7 +454,7 @@ class SampledElements:
     sampled this way (their host would issue more work per call than it has time for at small T)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device  # with its index, as Bench's (an output on torch.device("cuda") is on no tensor's device)
+        self.device = device  # with its index, as Bench gives it: torch.device("cuda") equals no tensor's device
         self._generator = torch.Generator(device=self.device)
         self._generator.manual_seed(secrets.randbits(63))
         self.calls: list[tuple[TimedCall, list[tuple[torch.Tensor, torch.Tensor] | None]]] = []

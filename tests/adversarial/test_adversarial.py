@@ -143,8 +143,8 @@ def test_adversaries_on_gpu(tmp_path: Path) -> None:
     want = {n: EXPECTED[n][0] for n in EXPECTED if n not in elsewhere}
     # At most six workers side by side: each holds 4-8 GB (inputs, reference, pool), a replaying one up to 28 GB, and
     # twenty together exhaust an H100's 80 GB.
-    names = [*want, *late, "selected_rows_only", "skips_tail_tokens"]
-    runs = [names[i : i + 6] for i in range(0, len(names), 6)]
+    everyone = [*want, *late, "selected_rows_only", "skips_tail_tokens"]
+    runs = [everyone[i : i + 6] for i in range(0, len(everyone), 6)]
     for run, names in enumerate(runs):
         bench(tmp_path / str(run), ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     want.update(
