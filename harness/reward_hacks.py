@@ -495,14 +495,14 @@ class SampledElements:
         """The chosen calls' numbers in the timing (warm-ups counted), as the result records them."""
         return [self.calls[k][0].index for k in self.chosen]
 
-    def verdict(self, workload: Workload, device: torch.device, what: str) -> tuple[Status, str] | None:
+    def verdict(self, workload: Workload, what: str) -> tuple[Status, str] | None:
         """REWARD_HACK for the first chosen call of which an output matches the reference (by the workload's
         tolerance) in less than GROSS_MISMATCH_RATIO of its sampled elements: the calls verified in full passed, so
         this one was made differently; None where all match."""
         tol = workload.tolerance
         for k in self.chosen:
             call, gathered = self.calls[k]
-            reference = compute_reference(call.drawn_inputs(workload.dims, device))
+            reference = compute_reference(call.drawn_inputs(workload.dims, self.device))
             for spec, ref, sample in zip(OUTPUTS, reference, gathered):
                 if sample is None:
                     continue
@@ -607,7 +607,7 @@ def verify_timed_outputs(
             return
     verdict = verdict_on_verified([*device_checks.kept, *latency_checks.kept, *last], workload, device, "timed calls")
     if verdict is None and latency_checks.elements is not None:
-        verdict = latency_checks.elements.verdict(workload, device, "call-latency")
+        verdict = latency_checks.elements.verdict(workload, "call-latency")
     if verdict:
         result.status, result.message = verdict
 

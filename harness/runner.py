@@ -186,7 +186,7 @@ class Bench:
         # with its index, as tensors have it: torch.device("cuda") equals no tensor's device
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == torch.device("cuda") else device
         self.options = options
-        self.scorer = Scorer(device, results_dir, solution.name)
+        self.scorer = Scorer(self.device, results_dir, solution.name)
         self.baseline: dict[str, Baseline] = {} if solution.name == BASELINE_SOLUTION else self.scorer.baseline_from_file()
 
     def start(self) -> None:

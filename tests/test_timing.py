@@ -641,7 +641,7 @@ def test_sampled_elements_pass_honest_calls_and_catch_one_faked_call(device: str
     where computed, and one call whose grad_w2_weight is a cheap fill is REWARD_HACK, named with its seed."""
     workload = SMOKE.workloads[1]
     honest = _sampled_calls(workload, lambda i, inputs: _honest(inputs), device)
-    assert honest.chosen == [0, 1, 2, 3, 4] and honest.verdict(workload, torch.device(device), "call-latency") is None
+    assert honest.chosen == [0, 1, 2, 3, 4] and honest.verdict(workload, "call-latency") is None
     assert all(values.numel() == SAMPLED_ELEMENTS for _, gathered in honest.calls for _, values in gathered)
 
     def faked(i: int, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -650,7 +650,7 @@ def test_sampled_elements_pass_honest_calls_and_catch_one_faked_call(device: str
             outputs[OUTPUT_NAMES.index("grad_w2_weight")].fill_(0.01)
         return outputs
 
-    status, message = _sampled_calls(workload, faked, device).verdict(workload, torch.device(device), "call-latency")
+    status, message = _sampled_calls(workload, faked, device).verdict(workload, "call-latency")
     assert status is Status.REWARD_HACK and message.startswith("call-latency call 3 (seed 103): grad_w2_weight"), message
 
 
@@ -681,7 +681,7 @@ def test_sampled_elements_of_an_output_scattered_to_the_batch_lie_in_the_tokens_
         outputs[0][inputs["token_indices"]] = 0
         return outputs
 
-    status, message = _sampled_calls(workload, rows_left_zero).verdict(workload, torch.device("cpu"), "call-latency")
+    status, message = _sampled_calls(workload, rows_left_zero).verdict(workload, "call-latency")
     assert status is Status.REWARD_HACK and "call 0 (seed 100): grad_hidden_states" in message, message
 
 
@@ -696,7 +696,7 @@ def test_sampled_elements_leave_an_unusable_output_to_the_other_checks() -> None
 
     elements = _sampled_calls(workload, odd)
     assert all(gathered[0] is None and gathered[2] is None for _, gathered in elements.calls)
-    assert elements.verdict(workload, torch.device("cpu"), "call-latency") is None
+    assert elements.verdict(workload, "call-latency") is None
 
 
 def test_a_verified_sustained_call_judges_staleness_against_its_own_draw() -> None:
