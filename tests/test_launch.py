@@ -12,10 +12,13 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import triton
+from triton.backends.nvidia import driver as nvidia_driver
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.registry import get_solution
 
@@ -412,3 +415,35 @@ def test_replay_c_errors_name_the_problem(replay_on_fake_driver) -> None:
     driver.fake_fail_kernel(1)
     with pytest.raises(RuntimeError, match="operation 0 of the replay: cuLaunchKernelEx failed: fake failure"):
         module.replay(program, [Tensor(0x5000), Tensor(0x6000)])
+
+
+def test_the_installed_tritons_launcher_is_read_exactly_or_declined() -> None:
+    """native.py against the wrapper that the Triton installed here builds for a kernel with a tensor descriptor not
+    lowered to TMA (no GPU needed): the replay's parameters are, value for value, what that wrapper hands the C entry
+    point, or the replay declines (Unsupported), so that the calls go through Triton's launcher; never another error,
+    which would fail the solution's call."""
+    native = native_module(launch_module())
+    handed: list = []
+    signature = {"x": "*fp32", "desc": "tensordesc<fp32[2, 2]>", "n": "i32"}
+    wrapper = nvidia_driver.wrap_handle_tensordesc(lambda *args: handed.append(args), signature, [])
+    run = SimpleNamespace(launch=wrapper, global_scratch_size=0, profile_scratch_size=0, launch_pdl=False,
+                          launch_cooperative_grid=False)  # fmt: skip
+    compiled = Compiled(None)  # the stand-in, with the installed Triton's wrapper and this signature
+    compiled.run, compiled.src = run, Source(signature)
+    x, base = torch.ones(4), torch.ones(4, 4)
+    values = [x, TensorDescriptor.from_tensor(base, [2, 2]), 7]
+    try:
+        described = native.describe_launch(compiled, (1, 1, 1), 0, values, [x, base])
+    except native.Unsupported:
+        return  # declined cleanly (3.8 and 3.9 until native.py reads their wrapper): no other error escaped
+    # the launch's own arguments (grid, stream, kernel, ...), then the kernel's: spread in 3.6, one list from 3.7
+    own = getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None)
+    if own is not None:
+        wrapper(*[None] * own, *values)
+    else:
+        wrapper(None, values)
+    (entry_point_args,) = handed
+    kernel_args = entry_point_args[own:] if own is not None else entry_point_args[-1]
+    expected = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v) for v in kernel_args]
+    assert [value for _, value in described.params[: -native.SCRATCH_POINTERS]] == expected
+    assert described.pointers == [(0, 0), (1, 1)]
