@@ -96,7 +96,7 @@ def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None]]:
     compiled = []
 
     def compile_launch(kernel, grid, *args, **kwargs) -> None:
-        binary = kernel.warmup(*args, grid=grid, **kwargs)
+        binary = kernel.warmup(*args, grid=grid, **kwargs, **module.COMPILE_OPTIONS)
         compiled.append((kernel.fn.__name__, binary.metadata.shared, spills(binary.asm["cubin"])))
 
     p.launch = compile_launch
