@@ -16,11 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import triton
-from triton.backends.nvidia import driver as nvidia_driver
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.registry import get_solution
+
+triton = pytest.importorskip("triton")
+from triton.backends.nvidia import driver as nvidia_driver
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 def launch_module():
