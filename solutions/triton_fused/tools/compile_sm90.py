@@ -1,5 +1,6 @@
 """Compile every kernel of triton_fused's plans for the H200 (sm_90) on a machine without a GPU: what each launch of a
-plan's call would compile, with its shared memory and its SASS's local-memory accesses (spills). No kernel runs.
+plan's call would compile, with its shared memory, its SASS's local-memory accesses (spills) and whether it was compiled
+with fused multiply-adds. No kernel runs.
 
     TRITON_INTERPRET=0 PYTHONPATH=. python3 solutions/triton_fused/tools/compile_sm90.py [--tokens 64,128,149]
 
@@ -88,18 +89,20 @@ def call_tensors(tokens: int) -> list[torch.Tensor]:
     return [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype) for spec in (*INPUTS, *OUTPUTS)]
 
 
-def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None]]:
-    """(kernel, shared memory bytes, spills) of every launch of the call at T = tokens under its bucket's plan."""
+def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None, bool]]:
+    """(kernel, shared memory bytes, spills, FP fusion) of every launch of the call at T = tokens under its bucket's
+    plan, compiled with the options the solution's launches pass."""
     tensors = call_tensors(tokens)
     plan = module.plan_for(tokens)
     p = module._new_problem(tensors, plan, torch.float16, module.StreamScratch(torch.device("cpu")))
     compiled = []
 
-    def compile_launch(kernel, grid, *args, **kwargs) -> None:
-        binary = kernel.warmup(*args, grid=grid, **kwargs, **module.COMPILE_OPTIONS)
-        compiled.append((kernel.fn.__name__, binary.metadata.shared, spills(binary.asm["cubin"])))
+    def compile_launch(kernel, grid, stream, caller, *args, **kwargs) -> None:
+        binary = kernel.warmup(*args, grid=grid, **kwargs)
+        metadata = binary.metadata
+        compiled.append((kernel.fn.__name__, metadata.shared, spills(binary.asm["cubin"]), metadata.enable_fp_fusion))
 
-    p.launch = compile_launch
+    p.program.launch = compile_launch
     p.begin(tensors)
     module._issue(p, plan)
     return compiled
@@ -117,10 +120,11 @@ def main() -> None:
     module._require_gpu = lambda tensor, kernel: None  # compiled here, never run
     over = False
     for tokens in (int(t) for t in args.tokens.split(",")):
-        for name, shared, spilled in compile_plan(module, tokens):
+        for name, shared, spilled, fused in compile_plan(module, tokens):
             over |= shared > SHARED_MEMORY_LIMIT
             note = "  <- over the limit" if shared > SHARED_MEMORY_LIMIT else ""
-            print(f"T = {tokens:5d}  {name:28s} shared {shared:7d} B  spills {spilled}{note}", flush=True)
+            fusion = "on" if fused else "off"
+            print(f"T = {tokens:5d}  {name:28s} shared {shared:7d} B  spills {spilled}  fp fusion {fusion}{note}", flush=True)
     sys.exit(1 if over else 0)
 
 
