@@ -3,7 +3,7 @@
 # solutions on the public suite, the mixed-T and sustained timings included, as the committed run. The log and a
 # tarball of results/<device>/ come back in $OUT. The GPU tests take more than six minutes of a call's 600 s (on an
 # H100), so they run in a call of their own: source scripts/h200_env.sh; python3 -m pytest -q -m gpu tests
-# Usage (repo root, on the GPU machine): bash scripts/h200_session.sh SOLUTION[,SOLUTION...]
+# Usage (repo root, on the GPU machine): [EXPECT_GPU=H200] bash scripts/h200_session.sh SOLUTION[,SOLUTION...]
 set -uo pipefail
 # The copied tree's .git, if any, names another commit than the one copied: the commit comes from the caller,
 # expanded where the checkout is. A value equal to this copy's HEAD with the tree differing from it was expanded
@@ -15,6 +15,13 @@ fi
 if [ "$HARNESS_GIT_COMMIT" = "$(git rev-parse HEAD 2>/dev/null)" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
     echo "HARNESS_GIT_COMMIT is this copy's .git HEAD, but the tree differs from it: expand it where your checkout is" >&2
     exit 2
+fi
+# A request for an H200 may be answered by another GPU: with EXPECT_GPU (a part of nvidia-smi's name, e.g. H200) the
+# call stops before any work there, so that it costs only the machine's start.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ -n "${EXPECT_GPU:-}" ] && [[ "$gpu" != *"$EXPECT_GPU"* ]]; then
+    echo "this machine's GPU is $gpu, not $EXPECT_GPU: nothing run" >&2
+    exit 3
 fi
 source scripts/h200_env.sh
 log="$OUT/session.log"
