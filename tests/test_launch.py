@@ -40,10 +40,11 @@ class Descriptor:
     block_shape: list[int]
 
 
-# A stand-in for Triton 3.6's CUDA launcher: CudaLauncher.__call__ hands grid, stream, kernel, options, scratch and
+# Stand-ins for Triton's CUDA launcher: CudaLauncher.__call__ hands grid, stream, kernel, options, scratch and
 # metadata to `launch`, a closure that encodes every descriptor argument (make_tensordesc_arg: the CUtensorMap, then
 # the shape as i32 and the strides as i64; for a descriptor the compiler did not lower to TMA, no metadata, its base,
 # shape and strides as i64, its padding flag, then shape and strides again) and calls the C entry point `launcher`.
+# Triton 3.6's closure holds the descriptors' positions and calls its module's encoder.
 def make_tensordesc_arg(arg, metadata):
     shape, strides = list(arg.base.shape), list(arg.base.stride())
     if metadata is None:
@@ -65,13 +66,42 @@ def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
     return inner
 
 
+# From Triton 3.8 the closure holds a tree of the descriptors' paths into tuple parameters, their metadata (None where
+# none was lowered to TMA) and an encoder that takes the launch's other arguments too; the decomposition of a
+# descriptor not lowered to TMA has a second flag (TF32 rounding, as from 3.7).
+def wrap_handle_tensordesc_impl(launcher, relevant_paths, tensordesc_meta, make_tensordesc_arg):
+    def inner(*args):
+        final_args, described = list(args[:13]), 0
+        for i, arg in enumerate(args[13:]):
+            if i in relevant_paths:
+                meta = tensordesc_meta[described] if tensordesc_meta else None
+                final_args.extend(make_tensordesc_arg(arg, meta, args[:13]))
+                described += 1
+            else:
+                final_args.append(arg)
+        return launcher(*final_args)
+
+    return inner
+
+
+def make_tensordesc_arg_from_3_8(arg, metadata, _):
+    shape, strides = list(arg.base.shape), list(arg.base.stride())
+    if metadata is None:
+        return [arg.base, *shape, *strides, False, False, *shape, *strides]
+    return [("map", arg.base.data_ptr(), metadata), *shape, *strides]
+
+
 class CudaLauncher:
     global_scratch_size = profile_scratch_size = 0
     launch_cooperative_grid, launch_pdl = False, True
 
-    def __init__(self, metadata: str | None):
+    def __init__(self, metadata: str | None, triton: str):
         self.launches = 0
-        self.launch = wrap_handle_tensordesc(self._count, {1}, [metadata])
+        if triton == "3.6":
+            self.launch = wrap_handle_tensordesc(self._count, {1}, [metadata])
+        else:
+            meta = [metadata] if metadata else None
+            self.launch = wrap_handle_tensordesc_impl(self._count, {1: {}}, meta, make_tensordesc_arg_from_3_8)
 
     def _count(self, *flat) -> None:
         self.launches += 1
@@ -100,16 +130,16 @@ class Compiled:
     src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32", "BLOCK": "constexpr"})
     metadata = Metadata()
 
-    def __init__(self, metadata: str | None):
-        self.run = CudaLauncher(metadata)
+    def __init__(self, metadata: str | None, triton: str):
+        self.run = CudaLauncher(metadata, triton)
 
 
 class Kernel:
     """A stand-in for a JIT function of parameters (x, desc, scratch, n, BLOCK=16): every launch goes through the
     launcher (`launches` counts them)."""
 
-    def __init__(self, metadata: str | None = "meta"):
-        self.compiled = Compiled(metadata)
+    def __init__(self, metadata: str | None = "meta", triton: str = "3.6"):
+        self.compiled = Compiled(metadata, triton)
 
         def fn(x, desc, scratch, n, BLOCK=16):
             pass
@@ -170,13 +200,14 @@ def call(program, kernel, x: torch.Tensor, scratch: torch.Tensor, descriptor: De
     program.end()
 
 
-def test_native_launch_lays_out_the_kernels_parameters(fake_replay) -> None:
-    """The native replay's description of a launch (native.py): the kernel's parameters in Triton 3.6's layout, a
+@pytest.mark.parametrize("triton", ["3.6", "3.8"])
+def test_native_launch_lays_out_the_kernels_parameters(fake_replay, triton: str) -> None:
+    """The native replay's description of a launch (native.py): the kernel's parameters in Triton's layout, a
     descriptor expanded into its map, shape and strides, constexprs left out, the two scratch pointers appended, and
     the call's tensors marked where their addresses go; the recording call issues nothing, and the calls replay
     through the C program alone."""
     launch, module = fake_replay
-    kernel, scratch = Kernel(), torch.zeros(8)
+    kernel, scratch = Kernel(triton=triton), torch.zeros(8)
     first = [torch.ones(4), torch.ones(6)]
     program = launch.CallProgram()
     call(program, kernel, first[0], scratch, Descriptor(first[1], [2]), first)
@@ -201,17 +232,20 @@ def test_native_launch_lays_out_the_kernels_parameters(fake_replay) -> None:
     assert program.native(later) is False  # solution.backward then runs the launcher's code
 
 
-def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(fake_replay) -> None:
+@pytest.mark.parametrize("triton", ["3.6", "3.8"])
+def test_a_descriptor_not_lowered_to_tma_is_passed_as_its_base_pointer(fake_replay, triton: str) -> None:
     """Triton hands a descriptor that its compiler did not lower to TMA as the base pointer, shape and strides (i64),
-    padding flag (i1), then shape (i32) and strides (i64): the base is a call tensor's address to put in."""
+    its flags (i1: padding; from 3.7 TF32 rounding too), then shape (i32) and strides (i64): the base is a call tensor's
+    address to put in."""
     launch, _ = fake_replay
-    kernel, scratch = Kernel(metadata=None), torch.zeros(8)
+    kernel, scratch = Kernel(metadata=None, triton=triton), torch.zeros(8)
     tensors = [torch.ones(4), torch.ones(6)]
     program = launch.CallProgram()
     call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
     ((_, native),) = program.operations
+    flags = [(1, 0)] * (1 if triton == "3.6" else 2)
     assert native.params == [
-        (8, tensors[0].data_ptr()), (8, tensors[1].data_ptr()), (8, 6), (8, 1), (1, 0), (4, 6), (8, 1),
+        (8, tensors[0].data_ptr()), (8, tensors[1].data_ptr()), (8, 6), (8, 1), *flags, (4, 6), (8, 1),
         (8, scratch.data_ptr()), (4, 7), (8, 0), (8, 0),
     ]  # fmt: skip
     assert native.pointers == [(0, 0), (1, 1)] and native.maps == []
@@ -228,6 +262,25 @@ def test_a_view_of_a_calls_tensor_leaves_the_program_unrecorded(fake_replay) -> 
         program.end()
         # neither launch described nor issued (the caller runs the launcher's code again)
         assert program.native is None and program.operations == [] and kernel.launches == 0
+
+
+@pytest.mark.parametrize(
+    ("paths", "message"),
+    [(None, "not the CUDA launcher of Triton 3.6 to 3.9"), ({1: {0: {}}}, "a tensor descriptor inside a tuple")],
+)
+def test_a_launcher_the_native_replay_cannot_read_leaves_the_calls_to_it(fake_replay, paths, message: str) -> None:
+    """A launcher's closure of another shape (another Triton), or descriptors nested in tuple parameters: the shape's
+    calls go through the launcher's code, as they would without replay.c."""
+    launch, module = fake_replay
+    kernel, scratch = Kernel(triton="3.8"), torch.zeros(8)
+    run = kernel.compiled.run
+    run.launch = (lambda *args: run._count()) if paths is None else wrap_handle_tensordesc_impl(
+        run._count, paths, ["meta"], make_tensordesc_arg_from_3_8)  # fmt: skip
+    tensors = [torch.ones(4), torch.ones(6)]
+    program = launch.CallProgram()
+    with pytest.warns(UserWarning, match=f"every call of this shape from Python: {message}"):
+        call(program, kernel, tensors[0], scratch, Descriptor(tensors[1], [2]), tensors)
+    assert program.native is None and module.calls == [] and kernel.launches == 0
 
 
 def test_a_launch_the_native_replay_cannot_write_leaves_the_calls_to_the_launchers_code(fake_replay) -> None:
@@ -429,14 +482,14 @@ def test_the_installed_tritons_launcher_is_read_exactly_or_declined() -> None:
     wrapper = nvidia_driver.wrap_handle_tensordesc(lambda *args: handed.append(args), signature, [])
     run = SimpleNamespace(launch=wrapper, global_scratch_size=0, profile_scratch_size=0, launch_pdl=False,
                           launch_cooperative_grid=False)  # fmt: skip
-    compiled = Compiled(None)  # the stand-in, with the installed Triton's wrapper and this signature
+    compiled = Compiled(None, "3.6")  # the stand-in, with the installed Triton's wrapper and this signature
     compiled.run, compiled.src = run, Source(signature)
     x, base = torch.ones(4), torch.ones(4, 4)
     values = [x, TensorDescriptor.from_tensor(base, [2, 2]), 7]
     try:
         described = native.describe_launch(compiled, (1, 1, 1), 0, values, [x, base])
     except native.Unsupported:
-        return  # declined cleanly (3.8 and 3.9 until native.py reads their wrapper): no other error escaped
+        return  # declined cleanly (a Triton whose wrapper native.py does not read): no other error escaped
     # the launch's own arguments (grid, stream, kernel, ...), then the kernel's: spread in 3.6, one list from 3.7
     own = getattr(nvidia_driver, "_BASE_ARGS_FORMAT_LEN", None)
     if own is not None:

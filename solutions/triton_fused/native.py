@@ -2,8 +2,8 @@
 
 Replaying through Triton's launcher still costs 5-20 us per launch: its C entry point parses every argument from
 Python, asks the driver about every pointer and, through Triton's Python wrapper, encodes every TMA descriptor again.
-Here each launch is described once, at recording, as the kernel's parameters in bytes (Triton 3.6's layout: the
-launcher's signature with every tensor descriptor expanded, constexprs left out, two scratch pointers at the end),
+Here each launch is described once, at recording, as the kernel's parameters in bytes (Triton 3.6 to 3.9's layout:
+the launcher's signature with every tensor descriptor expanded, constexprs left out, two scratch pointers at the end),
 with the positions that take the call's tensors; replay.c then writes each call's addresses in and calls the driver
 directly. The layout is checked against the kernel's own (cuFuncGetParamInfo) when the program is built; a launcher
 of another shape (another Triton) or parameters this cannot write leave the calls to the launcher's code (launch.py).
@@ -73,11 +73,15 @@ def describe_launch(
     maps_of: dict[int, torch.Tensor] = {}  # flat position of a descriptor's map -> its base
     for kind, value in zip(signature, values):
         if kind in descriptors:
-            meta, types = descriptors[kind]
+            meta, ndim = descriptors[kind]
+            encoded = encode(value, meta)
             if meta is not None:
                 maps_of[len(flat_values)] = value.base
-            flat_types += types
-            flat_values += encode(value, meta)
+                head = ["nvTmaDesc"]
+            else:  # base, shape and strides, then one flag (3.6: padding) or two (from 3.7: and TF32 rounding)
+                head = ["*", *["i64"] * (2 * ndim), *["i1"] * (len(encoded) - 1 - 4 * ndim)]
+            flat_types += [*head, *["i32"] * ndim, *["i64"] * ndim]
+            flat_values += encoded
         else:
             flat_types.append(kind)
             flat_values.append(value)
@@ -112,25 +116,24 @@ def describe_launch(
 
 
 @functools.cache
-def _launcher_layout(compiled: Any) -> tuple[Any, list, dict[Any, tuple[Any, list[str]]], Callable | None]:
+def _launcher_layout(compiled: Any) -> tuple[Any, list, dict[Any, tuple[Any, int]], Callable | None]:
     """What describe_launch reads of a compiled kernel, once per kernel: its launcher, its signature with each tensor
-    descriptor parameter as a key of `descriptors`, which gives the descriptor's metadata and its expanded types, and
-    Triton's descriptor encoder."""
+    descriptor parameter as a key of `descriptors`, which gives the descriptor's metadata and rank, and Triton's
+    descriptor encoder."""
     run = compiled.run
     if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         raise Unsupported("the kernel needs scratch memory allocated per launch")
     descriptor_positions, metadata, encode = _descriptor_handling(run)
     signature: list[Any] = []
-    descriptors: dict[Any, tuple[Any, list[str]]] = {}
+    descriptors: dict[Any, tuple[Any, int]] = {}
     for position, kind in enumerate(compiled.src.signature.values()):
         if not isinstance(kind, str):
             raise Unsupported(f"parameter type {kind!r}")
         if position in descriptor_positions:
             meta = metadata[len(descriptors)] if metadata else None
             ndim = re.match(r"tensordesc<[^[>]*\[([^]]*)\]", kind).group(1).count(",") + 1
-            head = ["nvTmaDesc"] if meta is not None else ["*", *["i64"] * (2 * ndim), "i1"]
             kind = ("descriptor", position)  # a key no scalar type can equal
-            descriptors[kind] = meta, [*head, *["i32"] * ndim, *["i64"] * ndim]
+            descriptors[kind] = meta, ndim
         signature.append(kind)
     return run, signature, descriptors, encode
 
@@ -146,17 +149,25 @@ def _address(value: Any) -> int:
 
 
 def _descriptor_handling(run: Any) -> tuple[set[int], list, Callable | None]:
-    """Which of a launcher's parameters are tensor descriptors, their metadata and Triton's encoder, for Triton 3.6's
-    CudaLauncher: its `launch` is the C entry point itself (no descriptors) or a closure over it that encodes them."""
+    """Which of a launcher's parameters are tensor descriptors, their metadata and Triton's encoder, for the
+    CudaLauncher of Triton 3.6 to 3.9: its `launch` is the C entry point itself (no descriptors) or a closure over it
+    that encodes them, over their positions and a module's encoder (3.6, 3.7) or over a tree of their paths into
+    tuple parameters and an encoder taking the launch's other arguments too, which CUDA's ignores (from 3.8)."""
     wrapper = getattr(run, "launch", None)
     if inspect.isbuiltin(wrapper):
         return set(), [], None
     closure = getattr(wrapper, "__closure__", None) or ()
     cells = dict(zip(getattr(getattr(wrapper, "__code__", None), "co_freevars", ()), (c.cell_contents for c in closure)))
-    encode = getattr(wrapper, "__globals__", {}).get("make_tensordesc_arg")
-    if not {"tensordesc_indices", "tensordesc_meta"} <= cells.keys() or encode is None:
-        raise Unsupported("not Triton 3.6's CUDA launcher")
-    return cells["tensordesc_indices"], cells["tensordesc_meta"], encode
+    if {"tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+        encode = getattr(wrapper, "__globals__", {}).get("make_tensordesc_arg")
+        if encode is not None:
+            return cells["tensordesc_indices"], cells["tensordesc_meta"], encode
+    if {"relevant_paths", "tensordesc_meta", "make_tensordesc_arg"} <= cells.keys():
+        paths, encode_with = cells["relevant_paths"], cells["make_tensordesc_arg"]
+        if any(paths.values()):
+            raise Unsupported("a tensor descriptor inside a tuple parameter")
+        return set(paths), cells["tensordesc_meta"] or [None] * len(paths), lambda value, meta: encode_with(value, meta, ())
+    raise Unsupported("not the CUDA launcher of Triton 3.6 to 3.9")
 
 
 @functools.cache

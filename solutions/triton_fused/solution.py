@@ -83,6 +83,9 @@ WS_STORE_WIDTH = 64  # columns per TMA store of the Gluon weight gradient
 # Tile-claim counters per call (Problem.counters): grad_w2 and up to two launches of grad_w1/grad_w3 (one per weight
 # where F is not a multiple of the tile's rows)
 TILE_COUNTERS = 3
+# Compiler options of every launch. Fused multiply-adds (one rounding for a*b + c) are asked for rather than left to
+# Triton's default, which Triton 3.10 turns off: the kernels round and run as measured under every Triton.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 @functools.cache
@@ -209,7 +212,7 @@ class Problem:
             descriptor.base = None
 
     def launch(self, kernel: object, grid: tuple[int, ...], *args: object, **kwargs: object) -> None:
-        self.program.launch(kernel, grid, self.issuing, self.caller, *args, **kwargs)
+        self.program.launch(kernel, grid, self.issuing, self.caller, *args, **kwargs, **COMPILE_OPTIONS)
 
     def wait(self, stream: torch.cuda.Stream, event: torch.cuda.Event | None) -> None:
         """`stream` waits for the work that `event` marks (nothing without an event: all work is on one stream)."""
