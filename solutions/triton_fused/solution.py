@@ -84,7 +84,7 @@ WS_STORE_WIDTH = 64  # columns per TMA store of the Gluon weight gradient
 # where F is not a multiple of the tile's rows)
 TILE_COUNTERS = 3
 # Compiler options of every launch. Fused multiply-adds (one rounding for a*b + c) are asked for rather than left to
-# Triton's default, which Triton 3.10 turns off: the kernels round and run as measured under every Triton.
+# Triton's default, which Triton 3.9 says 3.10 will turn off: the kernels round and run as measured under every Triton.
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
