@@ -130,7 +130,7 @@ class Compiled:
     src = Source({"x": "*fp32", "desc": "tensordesc<fp32[2]>", "scratch": "*fp32", "n": "i32", "BLOCK": "constexpr"})
     metadata = Metadata()
 
-    def __init__(self, metadata: str | None, triton: str):
+    def __init__(self, metadata: str | None, triton: str = "3.6"):
         self.run = CudaLauncher(metadata, triton)
 
 
@@ -482,7 +482,7 @@ def test_the_installed_tritons_launcher_is_read_exactly_or_declined() -> None:
     wrapper = nvidia_driver.wrap_handle_tensordesc(lambda *args: handed.append(args), signature, [])
     run = SimpleNamespace(launch=wrapper, global_scratch_size=0, profile_scratch_size=0, launch_pdl=False,
                           launch_cooperative_grid=False)  # fmt: skip
-    compiled = Compiled(None, "3.6")  # the stand-in, with the installed Triton's wrapper and this signature
+    compiled = Compiled(None)  # the stand-in, with the installed Triton's wrapper and this signature
     compiled.run, compiled.src = run, Source(signature)
     x, base = torch.ones(4), torch.ones(4, 4)
     values = [x, TensorDescriptor.from_tensor(base, [2, 2]), 7]
