@@ -11,6 +11,12 @@ of them, which verify_timed_outputs checks in full after the timing, with the la
 sustained call keeps its input set and draws a block of each weight anew now and then (draw_sustained), and its
 outputs must not be stale with respect to those blocks (stale_outputs). GPU work left running after a call returns
 is judged by LateWorkWatch in the trials and by late_work_habit over the timings.
+
+What they judge is what a call does to its outputs, inputs, streams and the process's functions and settings. Python
+in the solution's process can also reach this module's own objects (gc.get_objects, a frame's f_back) and rewrite
+them: a kept copy of outputs, a recorded time, a TimedCall's note that it drew fresh weights. No check made in the
+same process rules that out, so where a secret can be drawn after the call (SampledElements' positions, which calls
+are verified) it is, and the rest is said in the README.
 """
 
 from __future__ import annotations
@@ -442,9 +448,10 @@ SAMPLED_CALLS = 32
 
 class SampledElements:
     """SAMPLED_ELEMENTS elements of each output of every call, gathered as the call ends at positions drawn after it
-    returned (by a generator seeded from the operating system's entropy), so no call can know which of its elements
-    will be read; an output scattered to the batch is sampled in the rows the tokens scatter to, where a call's work
-    lands (the other rows are zero, which a fake matches for free). After the timing, SAMPLED_CALLS of the calls,
+    returned by a generator seeded then from the operating system's entropy: the seed does not exist while the call
+    runs, so no call can know which of its elements will be read, not even from the generator's state; an output
+    scattered to the batch is sampled in the rows the tokens scatter to, where a call's work lands (the other rows
+    are zero, which a fake matches for free). After the timing, SAMPLED_CALLS of the calls,
     drawn then, are compared there with the reference on their inputs drawn again from their seeds.
 
     The gathers are GPU work issued between calls, and the harness waits for them to finish before it prepares the
@@ -456,7 +463,6 @@ class SampledElements:
     def __init__(self, device: torch.device) -> None:
         self.device = device  # with its index, as Bench gives it: torch.device("cuda") equals no tensor's device
         self._generator = torch.Generator(device=self.device)
-        self._generator.manual_seed(secrets.randbits(63))
         self.calls: list[tuple[TimedCall, list[tuple[torch.Tensor, torch.Tensor] | None]]] = []
         self._chosen: list[int] | None = None
 
@@ -464,6 +470,7 @@ class SampledElements:
         """Gather the elements of the call's outputs (an output that is no contiguous tensor on the device is left to
         the checks of the trials and the last calls, which name what is wrong with it)."""
         gathered: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self._generator.manual_seed(secrets.randbits(63))
         for spec, out in zip(OUTPUTS, call.outputs):
             usable = isinstance(out, torch.Tensor) and out.device == self.device and out.is_contiguous() and out.numel()
             if not usable:

@@ -654,6 +654,24 @@ def test_sampled_elements_pass_honest_calls_and_catch_one_faked_call(device: str
     assert status is Status.REWARD_HACK and message.startswith("call-latency call 3 (seed 103): grad_w2_weight"), message
 
 
+def test_sampled_positions_cannot_be_read_from_the_generator_before_the_call() -> None:
+    """A solution runs in the harness's process and can reach SampledElements' generator (gc.get_objects): the
+    positions are drawn from a seed taken after the call, so a copy of the generator's state taken during it does not
+    predict them, for the first call or a later one."""
+    workload = SMOKE.workloads[1]
+    elements = SampledElements(torch.device("cpu"))
+    for i in range(2):
+        call = TimedCall(generate_inputs(workload.dims, 100 + i), 100 + i)
+        call.outputs = _honest(call.inputs)
+        copy = torch.Generator().set_state(elements._generator.get_state())  # what a call could read
+        elements.after(call, i)
+        rows, width = call.inputs["token_indices"], workload.hidden_dim  # grad_hidden_states, the first drawn
+        predicted = rows[torch.randint(rows.numel(), (SAMPLED_ELEMENTS,), generator=copy)] * width + torch.randint(
+            width, (SAMPLED_ELEMENTS,), generator=copy
+        )
+        assert not torch.equal(predicted, elements.calls[i][1][0][0])
+
+
 @pytest.mark.gpu
 def test_sampled_elements_leave_the_device_idle_for_the_next_call() -> None:
     """The gathers are waited for before the next call's inputs are drawn (work or host time left there raised
