@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from harness.results import GraphTiming, MixedTokensTiming, SustainedTiming, TimingStats, WorkloadResult
 from harness.roofline import DevicePeaks, datasheet_peaks, percent_of_sol, sol_score, sol_time_us
+from harness.scoring import Scorer
+from harness.status import Status
 from harness.workloads import load_named_suite
 from reference.problem import Dims, bytes_moved, flops
 
@@ -53,3 +57,38 @@ def test_sol_score_and_percent() -> None:
     assert sol_score(latency_us=100, sol_us=100, baseline_us=1000) == pytest.approx(1.0)
     assert sol_score(latency_us=550, sol_us=100, baseline_us=1000) == pytest.approx(1 / 1.5)
     assert percent_of_sol(latency_us=200, sol_us=150) == pytest.approx(75.0)
+
+
+def _result(dims: Dims, **timings) -> WorkloadResult:
+    return WorkloadResult(uuid="u", index=0, batch_seq_len=dims.batch_seq_len, num_tokens=dims.num_tokens,
+                          hidden_dim=dims.hidden_dim, ffn_dim=dims.ffn_dim, status=Status.PASSED, flops=flops(dims),
+                          bytes=bytes_moved(dims), **timings)  # fmt: skip
+
+
+def _mean(us: float) -> TimingStats:
+    return TimingStats.from_samples([us, us], "cuda_events", warmup_calls=0, input_sets=0)
+
+
+@pytest.mark.parametrize("timing", ["call_latency", "device_time", "cuda_graph", "sustained", "mixed_tokens"])
+def test_every_timings_mean_below_the_roofline_is_invalid_timing(tmp_path, timing: str) -> None:
+    """Whichever timing reports a mean below T_SOL with datasheet peaks makes the workload INVALID_TIMING, named; a
+    mixed-T T is held to its own T_SOL (T = 262's mean here lies above T = 256's T_SOL, below its own)."""
+    scorer = Scorer(torch.device("cpu"), tmp_path)
+    scorer.peaks = H200
+    dims, tokens = Dims(4096, 256), [250, 256, 262]
+    sol = {t: sol_time_us(Dims(4096, t), H200) for t in tokens}
+
+    def timings(fast: str) -> dict:
+        late = 0.99 if fast == "mixed_tokens" else 1.1
+        us = {name: _mean(sol[256] * (0.9 if name == fast else 1.2)) for name in ("call_latency", "device_time")}
+        return {**us, "cuda_graph": GraphTiming(timing=_mean(sol[256] * (0.9 if fast == "cuda_graph" else 1.2))),
+                "sustained": SustainedTiming(settle_s=1.0, timing=_mean(sol[256] * (0.9 if fast == "sustained" else 1.2))),
+                "mixed_tokens": MixedTokensTiming(tokens=tokens, rounds=3, timing=_mean(sol[256] * 1.2),
+                                                  tokens_us=[sol[250] * 1.2, sol[256] * 1.2, sol[262] * late])}  # fmt: skip
+
+    assert sol[262] * 0.99 > sol[256]
+    assert scorer.rescore(_result(dims, **timings(""))).status is Status.PASSED
+    judged = scorer.rescore(_result(dims, **timings(timing)))
+    named = {"call_latency": "call latency", "device_time": "device time", "cuda_graph": "CUDA-graph",
+             "sustained": "sustained", "mixed_tokens": "mixed-T T = 262"}[timing]  # fmt: skip
+    assert judged.status is Status.INVALID_TIMING and judged.message.startswith(f"{named} mean "), judged.message
