@@ -105,15 +105,16 @@ class Scorer:
 
     def _below_roofline(self, result: WorkloadResult, dims: Dims) -> str:
         """The first of the result's means below its roofline time with datasheet peaks, named; "" where none. Every
-        timing is held to it, each mixed-T call's T to its own."""
+        timing is held to it, each mixed-T call's T to its own; an optional timing that failed (its error says why) is
+        reported with no mean, and so is not."""
+        optional = {"CUDA-graph": result.cuda_graph, "sustained": result.sustained}
         timings = {
             "call latency": result.call_latency,
             "device time": result.device_time,
-            "CUDA-graph": result.cuda_graph.timing if result.cuda_graph else None,
-            "sustained": result.sustained.timing if result.sustained else None,
+            **{what: part.timing for what, part in optional.items() if part is not None and not part.error},
         }
         means = [(what, timing.mean_us, dims) for what, timing in timings.items() if timing is not None]
-        if result.mixed_tokens is not None:
+        if result.mixed_tokens is not None and not result.mixed_tokens.error:
             mixed = result.mixed_tokens
             means += [(f"mixed-T T = {t}", us, replace(dims, num_tokens=t)) for t, us in zip(mixed.tokens, mixed.tokens_us)]
         for what, mean_us, at in means:

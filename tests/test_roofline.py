@@ -92,3 +92,15 @@ def test_every_timings_mean_below_the_roofline_is_invalid_timing(tmp_path, timin
     named = {"call_latency": "call latency", "device_time": "device time", "cuda_graph": "CUDA-graph",
              "sustained": "sustained", "mixed_tokens": "mixed-T T = 262"}[timing]  # fmt: skip
     assert judged.status is Status.INVALID_TIMING and judged.message.startswith(f"{named} mean "), judged.message
+
+
+def test_a_failed_cuda_graph_timing_is_not_held_to_the_roofline(tmp_path) -> None:
+    """A graph whose last replay failed its check (its capture missed work, say) is reported as failed with no mean:
+    its time is no measurement of the solution, and the workload keeps the verdict of its other timings."""
+    scorer = Scorer(torch.device("cpu"), tmp_path)
+    scorer.peaks = H200
+    dims = Dims(4096, 256)
+    sol = sol_time_us(dims, H200)
+    graph = GraphTiming(timing=_mean(0.1 * sol), error="a last replay: outputs fail the check")
+    result = _result(dims, call_latency=_mean(1.2 * sol), device_time=_mean(1.1 * sol), cuda_graph=graph)
+    assert scorer.rescore(result).status is Status.PASSED
