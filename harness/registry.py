@@ -26,6 +26,8 @@ import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness.workloads import yaml_problem
+
 SOLUTIONS_DIR = Path(__file__).resolve().parent.parent / "solutions"
 MANIFEST = "solution.yaml"
 # A solution folder's subfolder for its development tools, which are not part of the solution (Solution.sources).
@@ -203,7 +205,7 @@ def _read_spec(manifest: Path) -> SolutionSpec:
         raw = yaml.safe_load(manifest.read_text())
         spec = SolutionSpec.model_validate(raw)
     except yaml.YAMLError as exc:
-        raise SolutionError(f"{manifest}: not valid YAML: {exc}") from None
+        raise SolutionError(f"{manifest}: {yaml_problem(exc)}") from None
     except ValidationError as exc:
         details = "; ".join(f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in exc.errors())
         raise SolutionError(f"{manifest}: {details}") from None

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.registry import MANIFEST, SOURCE_SUFFIXES, SolutionSpec
-from harness.workloads import ManifestError, Suite, Workload
+from harness.workloads import ManifestError, Suite, Workload, yaml_problem
 from reference.problem import FFN_DIM, HIDDEN_DIM, INPUT_NAMES, INPUTS, OUTPUTS, PUBLIC_ALIAS
 
 DEFAULT_MATCHED_RATIO = 0.99
@@ -380,7 +380,7 @@ def import_solution(path: Path, name: str | None, devices: list[str]) -> Importe
         try:
             manifest = yaml.safe_load(files[MANIFEST])
         except yaml.YAMLError as exc:
-            raise FormatError(f"{path}: its {MANIFEST} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise FormatError(f"{path}: its {MANIFEST} is {yaml_problem(exc)}") from None
         fields = _validated(path, SolutionSpec, manifest, f"{MANIFEST}: ").model_dump()
         if (fields["entry_point"], fields["destination_passing_style"]) != (entry_point, style):
             raise FormatError(f"{path}: its {MANIFEST} names the entry point {fields['entry_point']} (destination-passing "

@@ -113,13 +113,22 @@ def _describe(error: dict, raw: object, path: Path) -> str:
     return ": ".join(where) + f": {error['msg']}"
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parser's error in one line, where it found the problem: "not valid YAML at line 1, column 7: expected
+    ',' or ']'" (the parser's own message quotes the text over several lines)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return f"not valid YAML: {str(exc).splitlines()[0]}"
+    return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def load_suite(path: Path) -> Suite:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+        raise ManifestError(f"{path}: {yaml_problem(exc)}") from exc
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: expected a mapping with 'name' and 'workloads', got {type(raw).__name__}")
     try:

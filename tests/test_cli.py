@@ -444,6 +444,11 @@ def test_a_broken_manifest_stops_only_what_names_it(tmp_path: Path, make_solutio
     assert listed.exit_code == 0 and "good" in listed.output and "invalid" in listed.output
     named = invoke("bench", "-s", "broken", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
     assert named.exit_code == 2 and "broken/solution.yaml" in named.output and "language" in named.output
+    (broken / "solution.yaml").write_text("name: [broken\n")
+    unparsed = invoke("bench", "-s", "broken", "--solutions-dir", str(root), "--results-dir", str(tmp_path))
+    assert unparsed.exit_code == 2 and unparsed.output.strip().splitlines()[-1].endswith(
+        "broken/solution.yaml: not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'"
+    ), unparsed.output
     other = invoke(
         "bench", "-s", "good", "-w", "0", "--trials", "1", "--solutions-dir", str(root), "--results-dir", str(tmp_path)
     )
