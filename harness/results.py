@@ -170,9 +170,9 @@ class SustainedTiming(BaseModel):
     below its power limit, near its boost clock; under continuous heavy work the limit brings the clock down. A solution
     whose host issues a call more slowly than the GPU runs it is timed at its host's pace, as in a step. The launch
     audit records throughout, adding host time to every launch, the harness's too (a step has none): where the harness's
-    work between the calls then holds the GPU back, the workload is flagged HARNESS_PACED. Sampled calls (of those with
-    fresh weight blocks) and a last call on each input set, with fresh blocks, after the timed ones are checked against
-    the reference (the outputs are not poisoned) and must lie nearer it than such a block moves it
+    work between the calls then holds the GPU back, the workload is flagged HARNESS_PACED. Sampled calls (of all, and of
+    those with fresh weight blocks) and a last call on each input set, with fresh blocks, after the timed ones are
+    checked against the reference (the outputs are not poisoned) and must lie nearer it than such a block moves it
     (reward_hacks.stale_outputs); a failure leaves `error` and fails the workload (runner.Bench._time_sustained)."""
 
     settle_s: float

@@ -302,18 +302,19 @@ def late_work_habit(result: WorkloadResult) -> str:
 
 
 # The share of each weight's F slices that the sustained timing draws anew before one call in FRESH_WEIGHT_CALLS,
-# beside grad_output (drawn anew before every call). Its calls keep an input set's addresses and the rest of its values,
-# so a solution could keep what it derives from a weight (converted, transposed) from call to call, which a training
-# step, whose weights change every step, cannot. A block of fresh slices leaves such a copy stale in 2% of F: in as many
-# rows of grad_w1 and grad_w3 through a copy of w2, in every sum of dx through one of w1 or w3. The tolerance need not
-# see that in 1% of dx's elements (at T = 1 the block moves dx by a few percent), so the sampled calls' outputs must
-# also lie nearer the reference than STALE_WEIGHT_RATIO of the least distance one weight's fresh block moves it
-# (stale_outputs): an honest bf16 solution's error is a few percent of that distance, a stale copy's about all of it.
-# The calls that draw blocks are chosen at random and the sample verified is drawn from them (TimedOutputChecks), with
-# a last call on each input set after the timed ones: a kept copy goes stale there, and no call can tell those calls
-# from the others without reading every weight in full. Not every call draws blocks: their nine small launches, beside
-# the solution's own issue time, would outlast the GPU's time at small T on the H200 machine's host, and the timing
-# would measure the harness (docs/performance.md, "The clock under sustained load"; HARNESS_PACED flags where it does).
+# beside grad_output (drawn anew before every call). Its calls keep an input set's addresses and the rest of its
+# values, so a solution could keep what it derives from a weight (converted, transposed) from call to call, which a
+# training step, whose weights change every step, cannot. A block of fresh slices leaves such a copy stale in 2% of F:
+# in as many rows of grad_w1 and grad_w3 through a copy of w2, in every sum of dx through one of w1 or w3. The
+# tolerance need not see that in 1% of dx's elements (at T = 1 the block moves dx by a few percent), so the sampled
+# calls' outputs must also lie nearer the reference than STALE_WEIGHT_RATIO of the least distance one weight's fresh
+# block moves it (stale_outputs): an honest bf16 solution's error is a few percent of that distance, a stale copy's
+# about all of it. The calls that draw blocks are chosen at random, a sample verified is drawn from them
+# (TimedOutputChecks), with a last call on each input set after the timed ones: a kept copy goes stale there. A call
+# can tell them from the others by a glance at its weights, so another sample is drawn from every call. Not every call
+# draws blocks: their nine small launches, beside the solution's own issue time, would outlast the GPU's time at small
+# T on the H200 machine's host, and the timing would measure the harness (docs/performance.md, "The clock under
+# sustained load"; HARNESS_PACED flags where it does).
 FRESH_WEIGHT_SHARE = 0.02
 STALE_WEIGHT_RATIO = 0.5
 FRESH_WEIGHT_CALLS = 8
@@ -392,30 +393,53 @@ class PoisonScan:
                 f"{', '.join(map(str, poisoned[:8]))}) although the trials passed")  # fmt: skip
 
 
+class _Reservoir:
+    """A uniformly random sample of VERIFIED_TIMED_CALLS of the calls offered to it, drawn from the operating system's
+    entropy by reservoir sampling as each is offered."""
+
+    def __init__(self) -> None:
+        self.offered = 0
+        self.kept: list[TimedCall] = []
+        self._random = secrets.SystemRandom()
+
+    def offer(self, kept_copy: Callable[[], TimedCall]) -> None:
+        self.offered += 1
+        n = self.offered
+        slot = n - 1 if n <= VERIFIED_TIMED_CALLS else self._random.randrange(n)
+        if slot < VERIFIED_TIMED_CALLS:
+            self.kept[slot : slot + 1] = [kept_copy()]
+
+
 class TimedOutputChecks:
     """The checks of one timing's calls, made outside the timed window as each call ends (the timers' `after`).
 
     Every call's outputs are checked for the poison the harness filled them with (an element left unwritten) and for
-    NaN. VERIFIED_TIMED_CALLS of the calls, a uniformly random sample drawn from the operating system's entropy by
-    reservoir sampling as each call ends, keep a copy of their outputs for verification in full against the reference
-    after the timing: no call can know, when it returns, whether it will be verified, so a solution that skips or
-    fakes its work on a fraction f of the calls is caught with probability 1 - (1 - f)^VERIFIED_TIMED_CALLS per timing
-    (and surely where it leaves any output unwritten). With `scan_unwritten` off (the sustained timing, whose outputs
-    are not poisoned) the sample alone; with `fresh_weights_only` (the sustained timing) the sample is drawn from the
-    calls whose weight blocks were drawn anew, which no call can tell from the others without reading its weights.
+    NaN. VERIFIED_TIMED_CALLS of the calls, a uniformly random sample (_Reservoir) drawn as each call ends, keep a copy
+    of their outputs for verification in full against the reference after the timing: no call can know, when it
+    returns, whether it will be verified, so a solution that skips or fakes its work on a fraction f of the calls is
+    caught with probability 1 - (1 - f)^VERIFIED_TIMED_CALLS per timing (and surely where it leaves any output
+    unwritten). With `scan_unwritten` off (the sustained timing, whose outputs are not poisoned) the sample alone; with
+    `fresh_weights_too` (the sustained timing) a second sample of as many calls is drawn from those whose weight blocks
+    were drawn anew, where a copy of a weight kept from call to call goes stale. The first sample stays drawn from every
+    call: a call can tell whether its weights changed by a glance at them (one element of each F slice), and one that
+    skips its work where they did not must be as likely to be verified as any.
     """
 
     def __init__(
-        self, scan_unwritten: bool = True, fresh_weights_only: bool = False, elements: SampledElements | None = None
+        self, scan_unwritten: bool = True, fresh_weights_too: bool = False, elements: SampledElements | None = None
     ) -> None:
-        self.fresh_weights_only = fresh_weights_only
         self.elements = elements  # where given, every call's outputs are sampled too (SampledElements)
         self.current: TimedCall | None = None  # the call being made (set by the timing's prepare)
         self.calls = 0
-        self._candidates = 0  # the calls the sample is drawn from
-        self.kept: list[TimedCall] = []
         self.scan = PoisonScan() if scan_unwritten else None
-        self._random = secrets.SystemRandom()
+        self._any = _Reservoir()
+        self._fresh = _Reservoir() if fresh_weights_too else None
+
+    @property
+    def kept(self) -> list[TimedCall]:
+        """The calls to verify: both samples, a call in both once."""
+        fresh = self._fresh.kept if self._fresh is not None else []
+        return [*self._any.kept, *(call for call in fresh if all(call is not other for other in self._any.kept))]
 
     def after(self, i: int) -> None:
         if self.scan is not None:
@@ -423,14 +447,17 @@ class TimedOutputChecks:
         if self.elements is not None:
             self.elements.after(self.current, i)
         self.calls += 1
-        if self.fresh_weights_only and not self.current.fresh_weights:
-            return
-        self._candidates += 1
-        n = self._candidates
-        slot = n - 1 if n <= VERIFIED_TIMED_CALLS else self._random.randrange(n)
-        if slot < VERIFIED_TIMED_CALLS:
-            outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs]
-            self.kept[slot : slot + 1] = [replace(self.current, inputs={}, outputs=outputs, index=i)]
+        copy: list[TimedCall] = []  # made once, where either sample keeps the call
+
+        def kept_copy() -> TimedCall:
+            if not copy:
+                outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.current.outputs]
+                copy.append(replace(self.current, inputs={}, outputs=outputs, index=i))
+            return copy[0]
+
+        self._any.offer(kept_copy)
+        if self._fresh is not None and self.current.fresh_weights:
+            self._fresh.offer(kept_copy)
 
     def poisoned(self, name: str) -> str:
         """PoisonScan.verdict of the calls ("" where not scanned)."""

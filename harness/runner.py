@@ -532,12 +532,12 @@ class Bench:
         and before one in FRESH_WEIGHT_CALLS at random a block of each weight too (draw_sustained); the outputs are not
         poisoned: redrawing every input and filling the outputs (about 3.5 GB of memory traffic per call at the public
         shapes, a millisecond) would put memory-bound work between the calls, most of the GPU's time at T = 296, and
-        hold it below its power limit. The sampled calls' outputs (sampled among those with fresh weight blocks) must
-        pass TimedCall.verify, and so must those of a last call on each input set, with fresh blocks, right after the
-        timed ones: a copy of a weight kept from the earlier calls fails there however few calls the timing made. A
-        failure, or an exception, is also the workload's verdict (reward_hacks.verdict_on_verified), returned beside
-        the timing: these are calls at the workload's own T, as a training step makes them."""
-        settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False, fresh_weights_only=True)
+        hold it below its power limit. The sampled calls' outputs (a sample of all, one of those with fresh weight
+        blocks) must pass TimedCall.verify, and so must those of a last call on each input set, with fresh blocks, right
+        after the timed ones: a copy of a weight kept from the earlier calls fails there however few calls the timing
+        made. A failure, or an exception, is also the workload's verdict (reward_hacks.verdict_on_verified), returned
+        beside the timing: these are calls at the workload's own T, as a training step makes them."""
+        settle_s, checks = self.options.sustained_s, TimedOutputChecks(scan_unwritten=False, fresh_weights_too=True)
         choose = secrets.SystemRandom()
         base_seeds = [next(seeds) for _ in pool]
         for inputs, seed in zip(pool, base_seeds):

@@ -587,15 +587,25 @@ def test_a_sustained_draw_issues_one_operation_per_draw_and_block_copy() -> None
     assert issued[True] == ["aten::normal_", *["aten::clone", "aten::normal_"] * 3, *["aten::copy_"] * 3]
 
 
-def test_the_sustained_sample_is_drawn_from_the_calls_with_fresh_weights() -> None:
-    """TimedOutputChecks(fresh_weights_only=True) keeps only calls whose weight blocks were drawn anew, with their
-    seeds and flags, so that their verification replays the blocks and judges staleness."""
-    checks = TimedOutputChecks(scan_unwritten=False, fresh_weights_only=True)
-    for i in range(40):
-        checks.current = TimedCall({}, seed=100 + i, outputs=[torch.zeros(2)], base_seed=7, fresh_weights=i % 5 == 0)
-        checks.after(i)
-    assert checks.calls == 40 and len(checks.kept) == VERIFIED_TIMED_CALLS
-    assert all(kept.fresh_weights and kept.index % 5 == 0 and kept.seed == 100 + kept.index for kept in checks.kept)
+def test_the_sustained_samples_are_drawn_from_every_call_and_from_those_with_fresh_weights() -> None:
+    """TimedOutputChecks(fresh_weights_too=True) keeps VERIFIED_TIMED_CALLS calls drawn from all of them and as many
+    drawn from those whose weight blocks were drawn anew, with their seeds and flags, so that their verification
+    replays the blocks and judges staleness; a call both samples keep is verified once."""
+
+    def kept(fresh: Callable[[int], bool], calls: int) -> list[TimedCall]:
+        checks = TimedOutputChecks(scan_unwritten=False, fresh_weights_too=True)
+        for i in range(calls):
+            checks.current = TimedCall({}, seed=100 + i, outputs=[torch.zeros(2)], base_seed=7, fresh_weights=fresh(i))
+            checks.after(i)
+        assert checks.calls == calls
+        return checks.kept
+
+    mixed = kept(lambda i: i % 5 == 0, 40)
+    fresh = [call for call in mixed if call.fresh_weights]
+    assert len(fresh) >= VERIFIED_TIMED_CALLS and len(mixed) <= 2 * VERIFIED_TIMED_CALLS
+    assert all(call.index % 5 == 0 and call.seed == 100 + call.index for call in fresh)
+    assert len(kept(lambda i: False, 40)) == VERIFIED_TIMED_CALLS  # the first sample: any call
+    assert [call.index for call in kept(lambda i: True, VERIFIED_TIMED_CALLS)] == list(range(VERIFIED_TIMED_CALLS))
 
 
 @pytest.mark.parametrize("weight", ["w1_weight", "w2_weight", "w3_weight"])
@@ -747,6 +757,43 @@ def test_a_weight_kept_from_call_to_call_fails_the_sustained_timing_and_the_work
         assert workload.status in (Status.REWARD_HACK, Status.INCORRECT_NUMERICAL), workload.message
         assert workload.message.startswith("outputs of sustained calls (seed "), workload.message
         assert workload.sustained.timing is None and workload.sustained.error == workload.message
+
+
+# Honest in its trials and wherever its weights changed since its last call on their addresses, which it sees by one
+# element of each F slice of w1 (a few kilobytes read, where the weights are hundreds of megabytes); where they did not,
+# as in the sustained calls that draw no fresh block, it skips the call and leaves the outputs of the one before.
+SKIPS_WHERE_THE_WEIGHTS_STAYED = """
+from reference import reference_backward
+
+TRIALS = 3
+CALLS = {}
+PROBES = {}
+
+def run(*tensors):
+    w1 = tensors[9]
+    shape = tuple(tensors[0].shape) + tuple(tensors[1].shape)
+    CALLS[shape] = CALLS.get(shape, 0) + 1
+    probe = w1[:, 0].clone()
+    earlier = PROBES.get(w1.data_ptr())
+    PROBES[w1.data_ptr()] = probe
+    if CALLS[shape] > TRIALS and earlier is not None and earlier.equal(probe):
+        return
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_calls_skipped_where_the_weights_stayed_fail_the_sustained_timing(make_solution) -> None:
+    """Which sustained calls drew fresh weight blocks a call can see by a glance at its weights, so the sustained
+    sample is drawn from every call too: a solution that skips the calls whose weights stayed passes the trials and
+    the other timings, whose inputs are all drawn anew, and fails this one, and so the workload."""
+    root = make_solution("skips_where_the_weights_stayed", SKIPS_WHERE_THE_WEIGHTS_STAYED)
+    options = BenchOptions(trials=3, timing=FAST, sustained_s=0.2)
+    bench = cpu_bench(root, "skips_where_the_weights_stayed", options)
+    for workload in bench.run(SMOKE, SMOKE.workloads[3:]).workloads:
+        assert workload.device_time is not None and workload.call_latency is not None
+        assert workload.status is Status.REWARD_HACK, workload.message
+        assert workload.message.startswith("outputs of sustained calls (seed "), workload.message
 
 
 HOST_SLEEP = """
