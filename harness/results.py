@@ -144,8 +144,8 @@ class MixedTokensTiming(BaseModel):
     next, as a training step's experts make them. The calls cycle through `tokens` (the T nearest the workload's, the
     same work within a few percent), one round untimed (each T's first call), then `rounds` - 1 timed; against the
     call latency it shows what changing shape costs a solution once it has met each T. Every call's outputs are
-    scanned for the NaN poison, and one call of each T, drawn at random, is checked against the reference; a failure
-    leaves `error` and fails the workload (runner.Bench._time_mixed_tokens)."""
+    scanned for the NaN poison, and each T's first timed call and later ones drawn at random as they end are checked
+    against the reference; a failure leaves `error` and fails the workload (runner.Bench._time_mixed_tokens)."""
 
     tokens: list[int]
     rounds: int

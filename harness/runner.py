@@ -456,19 +456,21 @@ class Bench:
         self, call: SolutionCaller, workload: Workload, seeds: Iterator[int]
     ) -> tuple[MixedTokensTiming | None, tuple[Status, str] | None]:
         """Call latency of calls cycling through the T nearest the workload's (results.MixedTokensTiming): each call at
-        fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; one call of each T, drawn at random
-        before the first, checked against the reference outside the timed window (TimedCall.failure), and every call's
-        outputs scanned for the NaN poison (reward_hacks.PoisonScan). None where B = 1 leaves no other T. A failure, or
-        an exception, is also the workload's verdict, returned beside the timing: a solution right at each T alone but
-        wrong where T changes from call to call, as in a training step, is wrong."""
+        fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; every call's outputs scanned for the
+        NaN poison (reward_hacks.PoisonScan), and a T's call in timed round j checked against the reference as it ends,
+        outside the timed window (TimedCall.failure), with probability 1/j drawn then: the first surely, each later one
+        whatever was checked before. A check takes milliseconds, which the next call can see in the pause before it; with
+        one checked call per T drawn ahead, a solution would learn that its T's check was done and could fake the rest.
+        None where B = 1 leaves no other T. A failure, or an exception, is also the workload's verdict, returned beside
+        the timing: a solution right at each T alone but wrong where T changes from call to call, as in a training
+        step, is wrong."""
         tokens, rounds = mixed_token_counts(workload.dims), MIXED_TOKEN_ROUNDS
         if not tokens:
             return None, None
         inputs = allocate_inputs(replace(workload.dims, num_tokens=max(tokens)), self.device)
         fresh = FreshAddresses([*inputs.values(), *allocate_outputs(workload, self.device)], len(tokens) * rounds)
         del inputs
-        verified = {t: 1 + secrets.randbelow(rounds - 1) for t in tokens}  # the timed round whose call is checked
-        audited = secrets.choice(tokens)  # the T whose checked call's reference is spot-checked (harness.spot_check)
+        audited = secrets.choice(tokens)  # the T whose first checked call's reference is spot-checked (spot_check)
         failures: dict[int, tuple[Status, str]] = {}
         scan = reward_hacks.PoisonScan()
         current: dict[str, torch.Tensor] = {}
@@ -490,13 +492,14 @@ class Bench:
             buffers[:] = call(current, buffers)
 
         def after(i: int) -> None:
-            t = tokens[i % len(tokens)]
+            t, timed_round = tokens[i % len(tokens)], i // len(tokens)  # round 0 is untimed
             scan.after(buffers)
-            if i // len(tokens) == verified[t]:
+            if timed_round and secrets.randbelow(timed_round) == 0:  # 1, 1/2, 1/3, ...: see the docstring
                 drawn[0].outputs = list(buffers)
-                failure = drawn[0].failure(workload.model_copy(update={"num_tokens": t}), self.device, audit=t == audited)
+                at_t = workload.model_copy(update={"num_tokens": t})
+                failure = drawn[0].failure(at_t, self.device, audit=t == audited and timed_round == 1)
                 if failure:
-                    failures[t] = failure
+                    failures.setdefault(t, failure)
 
         timed = len(tokens) * (rounds - 1)
         # every round, whatever the time: the checked calls are in all of them

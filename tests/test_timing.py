@@ -36,7 +36,7 @@ from harness.reward_hacks import (
     late_work_habit,
     stale_outputs,
 )
-from harness.runner import MIXED_TOKEN_ROUNDS, Bench, BenchOptions, mixed_token_counts
+from harness.runner import MIXED_TOKEN_COUNTS, MIXED_TOKEN_ROUNDS, Bench, BenchOptions, mixed_token_counts
 from harness.status import Status
 from harness.timing import (
     LATE_WORK_NOISE_US,
@@ -239,14 +239,35 @@ def run(*tensors):
 
 
 def test_a_mixed_t_call_that_leaves_its_outputs_unwritten_is_caught_whichever_it_is(make_solution) -> None:
-    """Every mixed-T call's outputs are scanned for the NaN poison, not only the one checked call per T: a solution
-    that skips a few of them is REWARD_HACK, as in the short timings."""
+    """Every mixed-T call's outputs are scanned for the NaN poison, not only the calls checked in full: a solution that
+    skips a few of them is REWARD_HACK, as in the short timings."""
     root = make_solution("skips_some", SKIPS_SOME_MIXED_T_CALLS)
     options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
     result = cpu_bench(root, "skips_some", options).run(SMOKE, [SMOKE.workloads[4]])
     workload = result.workloads[0]
     assert workload.status is Status.REWARD_HACK and workload.message == workload.mixed_tokens.error
     assert " mixed-T calls left output elements unwritten or NaN (calls " in workload.message, workload.message
+
+
+def test_each_ts_first_timed_call_is_checked_and_later_ones_by_a_draw_as_they_end(make_solution, monkeypatch) -> None:
+    """The mixed-T timing checks every T's call in the first timed round, then each later one with probability 1/j
+    (round j) drawn as it ends, so that no pause after a check tells a solution that its T will not be checked again:
+    over 16 T some T is checked twice or more, but for a chance of (1/3)^16."""
+    checked: list[int] = []
+    failure = TimedCall.failure
+
+    def recorded(call: TimedCall, workload, device, audit: bool = False):
+        checked.append(workload.num_tokens)
+        return failure(call, workload, device, audit)
+
+    monkeypatch.setattr(TimedCall, "failure", recorded)
+    root = make_solution("honest", RECORDING)
+    options = BenchOptions(trials=1, timing=FAST, mixed_tokens=True)
+    workload = cpu_bench(root, "honest", options).run(SMOKE, [SMOKE.workloads[4]]).workloads[0]
+    tokens = workload.mixed_tokens.tokens
+    assert workload.status is Status.PASSED and len(tokens) == MIXED_TOKEN_COUNTS
+    assert checked[: len(tokens)] == tokens and len(checked) > len(tokens)
+    assert max(checked.count(t) for t in tokens) <= MIXED_TOKEN_ROUNDS - 1
 
 
 # Honest until T changes on three calls in a row, which only the mixed-T timing does: then it zeroes grad_output in
