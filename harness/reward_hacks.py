@@ -478,8 +478,8 @@ class SampledElements:
     returned by a generator seeded then from the operating system's entropy: the seed does not exist while the call
     runs, so no call can know which of its elements will be read, not even from the generator's state; an output
     scattered to the batch is sampled in the rows the tokens scatter to, where a call's work lands (the other rows
-    are zero, which a fake matches for free). After the timing, SAMPLED_CALLS of the calls,
-    drawn then, are compared there with the reference on their inputs drawn again from their seeds.
+    are zero, which a fake matches for free). After the timing, SAMPLED_CALLS of the calls, drawn then, are compared
+    there with the reference on their inputs drawn again from their seeds.
 
     The gathers are GPU work issued between calls, and the harness waits for them to finish before it prepares the
     next call: the call-latency timing waits for an idle device before each call and flushes the L2, so they add

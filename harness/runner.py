@@ -459,11 +459,11 @@ class Bench:
         fresh addresses, the (T, .) inputs cut from pools shaped for the largest T; every call's outputs scanned for the
         NaN poison (reward_hacks.PoisonScan), and a T's call in timed round j checked against the reference as it ends,
         outside the timed window (TimedCall.failure), with probability 1/j drawn then: the first surely, each later one
-        whatever was checked before. A check takes milliseconds, which the next call can see in the pause before it; with
-        one checked call per T drawn ahead, a solution would learn that its T's check was done and could fake the rest.
-        None where B = 1 leaves no other T. A failure, or an exception, is also the workload's verdict, returned beside
-        the timing: a solution right at each T alone but wrong where T changes from call to call, as in a training
-        step, is wrong."""
+        whatever was checked before. A check takes milliseconds, which the next call can see in the pause before it;
+        with one checked call per T drawn ahead, a solution would learn that its T's check was done and could fake the
+        rest. None where B = 1 leaves no other T. A failure, or an exception, is also the workload's verdict, returned
+        beside the timing: a solution right at each T alone but wrong where T changes from call to call, as in a
+        training step, is wrong."""
         tokens, rounds = mixed_token_counts(workload.dims), MIXED_TOKEN_ROUNDS
         if not tokens:
             return None, None

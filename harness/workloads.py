@@ -114,8 +114,8 @@ def _describe(error: dict, raw: object, path: Path) -> str:
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML parser's error in one line, where it found the problem: "not valid YAML at line 1, column 7: expected
-    ',' or ']'" (the parser's own message quotes the text over several lines)."""
+    """A YAML parser's error in one line, where it found the problem: "not valid YAML at line 2, column 1: expected
+    ',' or ']', but got '<stream end>'" (the parser's own message quotes the text over several lines)."""
     mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
     if mark is None or problem is None:
         return f"not valid YAML: {str(exc).splitlines()[0]}"
