@@ -780,25 +780,25 @@ def test_a_weight_kept_from_call_to_call_fails_the_sustained_timing_and_the_work
         assert workload.sustained.timing is None and workload.sustained.error == workload.message
 
 
-# Honest in its trials and wherever its weights changed since its last call on their addresses, which it sees by one
-# element of each F slice of w1 (a few kilobytes read, where the weights are hundreds of megabytes); where they did not,
-# as in the sustained calls that draw no fresh block, it skips the call and leaves the outputs of the one before.
+# Honest in its trials and wherever its weights differ from every earlier call's on their addresses, which it sees
+# by one element of each F slice of w1 (a few kilobytes read, where the weights are hundreds of megabytes); where they
+# do not, as in the sustained calls that draw no fresh block, it skips the call and leaves the outputs of an earlier one.
 SKIPS_WHERE_THE_WEIGHTS_STAYED = """
 from reference import reference_backward
 
 TRIALS = 3
 CALLS = {}
-PROBES = {}
+SEEN = {}
 
 def run(*tensors):
     w1 = tensors[9]
     shape = tuple(tensors[0].shape) + tuple(tensors[1].shape)
     CALLS[shape] = CALLS.get(shape, 0) + 1
-    probe = w1[:, 0].clone()
-    earlier = PROBES.get(w1.data_ptr())
-    PROBES[w1.data_ptr()] = probe
-    if CALLS[shape] > TRIALS and earlier is not None and earlier.equal(probe):
+    probe = tuple(w1[:, 0].tolist())
+    seen = SEEN.setdefault(w1.data_ptr(), set())
+    if CALLS[shape] > TRIALS and probe in seen:
         return
+    seen.add(probe)
     for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
         out.copy_(value)
 """
@@ -807,14 +807,16 @@ def run(*tensors):
 def test_calls_skipped_where_the_weights_stayed_fail_the_sustained_timing(make_solution) -> None:
     """Which sustained calls drew fresh weight blocks a call can see by a glance at its weights, so the sustained
     sample is drawn from every call too: a solution that skips the calls whose weights stayed passes the trials and
-    the other timings, whose inputs are all drawn anew, and fails this one, and so the workload."""
+    the other timings, whose inputs are all drawn anew, and fails this one where a skipped call is sampled, which
+    misses it with a chance of about (1/8)^3 per workload (here on none of six but for about 1e-16)."""
     root = make_solution("skips_where_the_weights_stayed", SKIPS_WHERE_THE_WEIGHTS_STAYED)
     options = BenchOptions(trials=3, timing=FAST, sustained_s=0.2)
-    bench = cpu_bench(root, "skips_where_the_weights_stayed", options)
-    for workload in bench.run(SMOKE, SMOKE.workloads[3:]).workloads:
+    workloads = cpu_bench(root, "skips_where_the_weights_stayed", options).run(SMOKE, SMOKE.workloads).workloads
+    for workload in workloads:
         assert workload.device_time is not None and workload.call_latency is not None
-        assert workload.status is Status.REWARD_HACK, workload.message
-        assert workload.message.startswith("outputs of sustained calls (seed "), workload.message
+        assert workload.status in (Status.PASSED, Status.REWARD_HACK), workload.message
+    caught = [w for w in workloads if w.status is Status.REWARD_HACK]
+    assert caught and all(w.message.startswith("outputs of sustained calls (seed ") for w in caught), caught
 
 
 HOST_SLEEP = """
