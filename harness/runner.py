@@ -407,7 +407,7 @@ class Bench:
         """Call latency and host cost, every call drawn at fresh addresses shaped like `inputs` and `outputs`; the last
         call."""
         config = self.options.timing
-        fresh = FreshAddresses([*inputs.values(), *outputs], config.warmup_calls + config.max_calls)
+        fresh = FreshAddresses([*inputs.values(), *outputs], config.most_calls)
         buffers: list[torch.Tensor] = []
 
         def prepare(i: int) -> None:
@@ -503,7 +503,7 @@ class Bench:
 
         timed = len(tokens) * (rounds - 1)
         # every round, whatever the time: the checked calls are in all of them
-        config = replace(self.options.timing, warmup_calls=len(tokens), min_calls=timed, max_calls=timed,
+        config = replace(self.options.timing, warmup_calls=len(tokens), warmup_s=0.0, min_calls=timed, max_calls=timed,
                          batch_calls=len(tokens), max_seconds=math.inf)  # fmt: skip
         samples: list[float] = []  # timed call k is of T tokens[k % len(tokens)]: the untimed round is one whole cycle
         try:

@@ -17,9 +17,9 @@ batch ends, spread over the batch's calls; work that ran beside the batch's late
 charged, and how often, is kept with the timing (results.LateWork).
 
 Before each call, outside the timed window, the caller's `prepare` redraws the call's inputs and poisons its
-outputs. After a warm-up, calls are taken in batches until the standard error of the mean is under
-`target_rel_stderr` of the mean, or a cap on calls or seconds is reached. On a CPU the same statistics come
-from a wall clock and are labelled as such.
+outputs. After a warm-up (a count of calls and a time, whichever ends later: TimingConfig), calls are taken in
+batches until the standard error of the mean is under `target_rel_stderr` of the mean, or a cap on calls or seconds
+is reached. On a CPU the same statistics come from a wall clock and are labelled as such.
 
 Both leave the GPU idle between calls or batches (the spin ahead of a batch idles all but one of its SMs), and an
 H200 whose load pauses stays below its power limit, at or near its boost clock. A training step keeps it busy: under
@@ -44,12 +44,31 @@ from harness.results import LateWork, TimingStats
 
 @dataclass(frozen=True)
 class TimingConfig:
+    """The calls a timing makes: untimed warm-up calls until both `warmup_calls` have been made and `warmup_s` seconds
+    have passed since the first began (clocks, caches and lazy initialisations settled by time as well as by count;
+    Triton's do_bench warms up for 25 ms), at most max(warmup_calls, max_calls) of them; then timed calls, in batches,
+    until the standard error of their mean is under `target_rel_stderr` of it, from `min_calls` on, or `max_calls` or
+    `max_seconds` is reached."""
+
     warmup_calls: int = 3
+    warmup_s: float = 0.025
     min_calls: int = 10
     max_calls: int = 300
     batch_calls: int = 10
     target_rel_stderr: float = 0.01
     max_seconds: float = 10.0
+
+    @property
+    def most_calls(self) -> int:
+        """The most calls a timing makes, warm-ups included (what FreshAddresses must provide for)."""
+        return max(self.warmup_calls, self.max_calls) + self.max_calls
+
+    def warming_up(self, made: int, since: float) -> bool:
+        """Whether the next call, after `made` warm-up calls, is a warm-up one too, the first having begun at `since`
+        on the host's clock (time.perf_counter)."""
+        if made < self.warmup_calls:
+            return True
+        return made < self.max_calls and time.perf_counter() - since < self.warmup_s
 
 
 def _converged(samples: list[float], config: TimingConfig) -> bool:
@@ -172,15 +191,16 @@ def time_call_latency(
 ) -> tuple[TimingStats, TimingStats]:
     """(call latency, host cost) of `call(i)` for i = 0, 1, ...: `prepare(i)` gives call i its fresh inputs (at
     addresses of its own, see FreshAddresses) outside the timed window; the device is idle when each call starts;
-    `after(i)` runs once the call has finished, outside the window. At most config.warmup_calls + config.max_calls
-    calls are made. `samples_out`, where given, receives each timed call's latency in order (the warm-ups' left out)."""
+    `after(i)` runs once the call has finished, outside the window. At most config.most_calls calls are made.
+    `samples_out`, where given, receives each timed call's latency in order (the warm-ups' left out)."""
     flush = L2Flusher(device) if device.type == "cuda" else None
     samples: list[float] = []
     host: list[float] = []
     charges: list[float] = []
     started = time.perf_counter()
-    i = 0
+    i = warmups = 0
     while len(samples) < config.max_calls:
+        warming = not samples and config.warming_up(i, started)
         prepare(i)
         if flush is not None:
             flush()
@@ -200,7 +220,8 @@ def time_call_latency(
             elapsed_us = (issued - issue) * 1e6
         after(i)
         i += 1
-        if i <= config.warmup_calls:
+        if warming:
+            warmups = i
             continue
         samples.append(elapsed_us)
         host.append((issued - issue) * 1e6)
@@ -213,10 +234,8 @@ def time_call_latency(
     if samples_out is not None:
         samples_out.extend(samples)
     return (
-        TimingStats.from_samples(
-            samples, clock, config.warmup_calls, input_sets=0, late_work=_late_work(charges) if flush else None
-        ),
-        TimingStats.from_samples(host, "host_wall", config.warmup_calls, input_sets=0),
+        TimingStats.from_samples(samples, clock, warmups, input_sets=0, late_work=_late_work(charges) if flush else None),
+        TimingStats.from_samples(host, "host_wall", warmups, input_sets=0),
     )
 
 
@@ -290,7 +309,9 @@ def _time_cuda(
 ) -> TimingStats:
     flush = L2Flusher(device)
     host_seconds = []
-    for k in range(config.warmup_calls):
+    warmup_started = time.perf_counter()
+    while config.warming_up(len(host_seconds), warmup_started):
+        k = len(host_seconds)
         _device_synchronize(device)
         begin = time.perf_counter()
         prepare(k % input_sets)
@@ -299,6 +320,7 @@ def _time_cuda(
         after(k)
         host_seconds.append(time.perf_counter() - begin)
     _device_synchronize(device)
+    warmups = len(host_seconds)
     host_per_call = statistics.median(host_seconds)
     # After each synchronisation the GPU's queue is empty, and where the host needs longer to issue an iteration
     # (prepare, flush, the solution's launches, the checks after it) than the GPU needs to run it, later calls would time the host
@@ -317,7 +339,7 @@ def _time_cuda(
         spun.record()
         for pair in events:
             _timed_call(call, prepare, flush, k, input_sets, pair)
-            after(config.warmup_calls + k)
+            after(warmups + k)
             k += 1
         # The spin ran out before the host had queued the batch (a slower host than the warm-up's): the batch's calls
         # may have waited for the host. Its times are left out, and the spin made twice as long.
@@ -334,7 +356,7 @@ def _time_cuda(
         samples.extend(t + charges[-1] / len(own) for t in own)
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cuda_events", config.warmup_calls, input_sets, _late_work(charges))
+    return TimingStats.from_samples(samples, "cuda_events", warmups, input_sets, _late_work(charges))
 
 
 # How many times the device-time timer doubles its spin for batches the host was too slow to queue behind it (after
@@ -409,7 +431,9 @@ def time_sustained(
 
         keep_busy([functools.partial(prepared, k) for k in range(input_sets)], settle_s, device)
         settle_calls = made
-        timing = _time_cpu(call, prepare, input_sets, replace(config, warmup_calls=0), lambda i: after(settle_calls + i))
+        timing = _time_cpu(
+            call, prepare, input_sets, replace(config, warmup_calls=0, warmup_s=0.0), lambda i: after(settle_calls + i)
+        )
         return SustainedRun(timing, settle_calls)
     flush = L2Flusher(device)
     call_seconds = 0.0  # the calls' own host time
@@ -485,10 +509,12 @@ def _time_cpu(
     config: TimingConfig,
     after: Callable[[int], None],
 ) -> TimingStats:
-    for k in range(config.warmup_calls):
-        prepare(k % input_sets)
-        call(k % input_sets)
-        after(k)
+    warmups, warmup_started = 0, time.perf_counter()
+    while config.warming_up(warmups, warmup_started):
+        prepare(warmups % input_sets)
+        call(warmups % input_sets)
+        after(warmups)
+        warmups += 1
     samples: list[float] = []
     started = time.perf_counter()
     k = 0
@@ -498,8 +524,8 @@ def _time_cpu(
             begin = time.perf_counter()
             call(k % input_sets)
             samples.append((time.perf_counter() - begin) * 1e6)
-            after(config.warmup_calls + k)
+            after(warmups + k)
             k += 1
         if _converged(samples, config) or time.perf_counter() - started > config.max_seconds:
             break
-    return TimingStats.from_samples(samples, "cpu_wall", config.warmup_calls, input_sets)
+    return TimingStats.from_samples(samples, "cpu_wall", warmups, input_sets)

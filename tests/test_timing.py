@@ -80,8 +80,34 @@ def test_call_latency_counts_every_call_after_the_warm_up() -> None:
     calls: list[int] = []
     latency, host = time_call_latency(calls.append, lambda i: None, torch.device("cpu"), FAST)
     assert calls[0] == 0 and calls == list(range(len(calls)))
-    assert latency.n == host.n == len(calls) - FAST.warmup_calls and latency.input_sets == 0
+    assert latency.warmup_calls == host.warmup_calls >= FAST.warmup_calls
+    assert latency.n == host.n == len(calls) - latency.warmup_calls and latency.input_sets == 0
     assert latency.clock == "cpu_wall" and host.clock == "host_wall"
+
+
+WARMING_TIMERS = {
+    "call latency": lambda call, prepare, config: time_call_latency(call, prepare, torch.device("cpu"), config)[0],
+    "device time": lambda call, prepare, config: time_device(call, prepare, 2, torch.device("cpu"), config),
+}
+
+
+@pytest.mark.parametrize("timer", WARMING_TIMERS)
+def test_the_warm_up_lasts_its_time_as_well_as_its_count(timer: str) -> None:
+    """Calls of 1 ms against a warm-up of one call and 50 ms: the warm-up goes on until 50 ms have passed since it
+    began, and the first timed call starts after them."""
+    config = TimingConfig(warmup_calls=1, warmup_s=0.05, min_calls=4, max_calls=200, batch_calls=2)
+    prepared: list[float] = []
+    stats = WARMING_TIMERS[timer](lambda i: time.sleep(0.001), lambda i: prepared.append(time.perf_counter()), config)
+    assert stats.warmup_calls > config.warmup_calls and len(prepared) == stats.warmup_calls + stats.n
+    # the timer's clock starts just before the first call's prepare: a millisecond's leeway
+    assert prepared[stats.warmup_calls] - prepared[0] >= config.warmup_s - 1e-3
+
+
+@pytest.mark.parametrize("timer", WARMING_TIMERS)
+def test_the_warm_up_makes_no_more_calls_than_the_timing_may(timer: str) -> None:
+    config = TimingConfig(warmup_calls=1, warmup_s=60.0, min_calls=4, max_calls=6, batch_calls=2)
+    stats = WARMING_TIMERS[timer](lambda i: None, lambda i: None, config)
+    assert stats.warmup_calls == config.max_calls and config.most_calls == 2 * config.max_calls
 
 
 def test_the_launch_floor_is_timed_like_a_solutions_call() -> None:
@@ -113,8 +139,8 @@ def test_no_two_call_latency_calls_share_an_address(make_solution) -> None:
     workload = result.workloads[0]
     assert workload.status.value == "PASSED", workload.message
     pointers = sys.modules["harness_solutions.recording.solution"].POINTERS
-    fresh = pointers[-(workload.call_latency.n + FAST.warmup_calls) :]
-    assert len(fresh) == workload.call_latency.n + FAST.warmup_calls
+    fresh = pointers[-(workload.call_latency.n + workload.call_latency.warmup_calls) :]
+    assert len(fresh) == workload.call_latency.n + workload.call_latency.warmup_calls
     flat = [p for call in fresh for p in call]
     assert len(set(flat)) == len(flat)
     earlier = {p for call in pointers[: -len(fresh)] for p in call}
@@ -128,7 +154,8 @@ def test_the_result_names_the_call_latency_calls_whose_sampled_elements_were_com
     result = cpu_bench(root, "recording", BenchOptions(trials=1, timing=FAST)).run(SMOKE, SMOKE.workloads[:1])
     workload = result.workloads[0]
     assert workload.status.value == "PASSED", workload.message
-    made, sampled = workload.call_latency.n + FAST.warmup_calls, workload.timed_checks.sampled_call_latency_calls
+    made = workload.call_latency.n + workload.call_latency.warmup_calls
+    sampled = workload.timed_checks.sampled_call_latency_calls
     assert sampled == sorted(set(sampled)) and len(sampled) == min(SAMPLED_CALLS, made)
     assert all(0 <= c < made for c in sampled)
 

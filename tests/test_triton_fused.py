@@ -93,7 +93,7 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
         assert all(torch.equal(view, tensor) for view, tensor in zip(views, tensors))
         seen.append(tuple(view.data_ptr() for view in views))
 
-    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
+    config = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
     latency, host = plan_ab.latency_and_host_us(backward, tensors, config)
     assert latency > 0 and host > 0
     addresses = [address for call in seen for address in call]
@@ -119,7 +119,7 @@ def test_plan_ab_redraws_and_poisons_before_each_call_as_bench_does() -> None:
         for out in tensors[len(INPUTS) :]:
             out.zero_()
 
-    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
+    config = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
     assert plan_ab.redrawn_time_us(backward, arguments, dims, itertools.count(1), config) > 0
     assert len(seen) == 5 and all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))
 
@@ -128,7 +128,7 @@ def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:
     """tools/plan_ab.py --sustained: the harness's back-to-back timer, its settle calls untimed."""
     plan_ab = plan_ab_tool()
     calls: list[int] = []
-    config = TimingConfig(warmup_calls=1, min_calls=4, max_calls=4, batch_calls=4)
+    config = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
     assert plan_ab.sustained_us(lambda: calls.append(1), "cpu", config) > 0
     assert len(calls) >= 4 + 1  # the timed calls and one settle call at least
 

@@ -97,7 +97,7 @@ def latency_and_host_us(backward, tensors: list[torch.Tensor], config: TimingCon
     """Mean call latency of backward(*tensors) by the harness's timer, each call on an idle device with copies of
     `tensors` at addresses no earlier call used (made outside the timed window), and the mean host time of issuing
     those calls: a variant whose latency moves against its device time shows there whether the host is why."""
-    fresh = FreshAddresses(tensors, config.warmup_calls + config.max_calls)
+    fresh = FreshAddresses(tensors, config.most_calls)
     views: list[torch.Tensor] = []
 
     def prepare(i: int) -> None:
