@@ -72,6 +72,10 @@ WGRAD_WIDE = (128, 256, 64, 8, 3, 1)
 WGRAD_PAIR = (128, 128, 64, 4, 3, 2)
 
 
+# The plan_ab tests count the calls: one warm-up call, no warm-up time, four timed calls.
+PLAN_AB_TIMING = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
+
+
 def plan_ab_tool():
     """solutions/triton_fused/tools/plan_ab.py as a module (tools are not part of the solution's package)."""
     tool = Path(__file__).resolve().parent.parent / "solutions" / "triton_fused" / "tools" / "plan_ab.py"
@@ -93,8 +97,7 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
         assert all(torch.equal(view, tensor) for view, tensor in zip(views, tensors))
         seen.append(tuple(view.data_ptr() for view in views))
 
-    config = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
-    latency, host = plan_ab.latency_and_host_us(backward, tensors, config)
+    latency, host = plan_ab.latency_and_host_us(backward, tensors, PLAN_AB_TIMING)
     assert latency > 0 and host > 0
     addresses = [address for call in seen for address in call]
     assert len(seen) == 5 and len(set(addresses)) == len(addresses)
@@ -119,8 +122,7 @@ def test_plan_ab_redraws_and_poisons_before_each_call_as_bench_does() -> None:
         for out in tensors[len(INPUTS) :]:
             out.zero_()
 
-    config = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
-    assert plan_ab.redrawn_time_us(backward, arguments, dims, itertools.count(1), config) > 0
+    assert plan_ab.redrawn_time_us(backward, arguments, dims, itertools.count(1), PLAN_AB_TIMING) > 0
     assert len(seen) == 5 and all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))
 
 
@@ -128,8 +130,7 @@ def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:
     """tools/plan_ab.py --sustained: the harness's back-to-back timer, its settle calls untimed."""
     plan_ab = plan_ab_tool()
     calls: list[int] = []
-    config = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
-    assert plan_ab.sustained_us(lambda: calls.append(1), "cpu", config) > 0
+    assert plan_ab.sustained_us(lambda: calls.append(1), "cpu", PLAN_AB_TIMING) > 0
     assert len(calls) >= 4 + 1  # the timed calls and one settle call at least
 
 
