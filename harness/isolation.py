@@ -9,6 +9,12 @@ asked for: a result that does not come within the timeout is TIMEOUT (the worker
 that exits is RUNTIME_ERROR (or COMPILE_ERROR before its first result), and in both cases a fresh worker
 takes the remaining workloads. The parent re-derives the roofline verdicts from the reported times.
 
+A worker runs only while it has a job: between jobs the parent stops its process group (SIGSTOP; each worker leads a
+session of its own, which holds any process the solution starts), and continues it (SIGCONT) with the next command.
+So while one solution's workload is measured, no thread or process of another solution's worker issues GPU work or
+takes the host's CPUs, which a host-bound call's timing feels. GPU work a worker had queued when it was stopped still
+runs, and a process that leaves the session (setsid) is neither stopped nor killed with its worker.
+
 What this does not stop: code running inside the worker can, in principle, read the worker's memory
 (the nonce included) and write to its pipe. The nonce turns forging a result from printing a line into
 searching the interpreter's objects; the checks that matter (poisoned outputs, input snapshots, the
@@ -19,10 +25,12 @@ of the harness, its checks included, is caught after the workload by a check the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -123,6 +131,7 @@ class Worker:
                 stderr=subprocess.STDOUT,
                 pass_fds=(command_read, result_write),
                 env=env,
+                start_new_session=True,
             )
         os.close(command_read)
         os.close(result_write)
@@ -136,6 +145,7 @@ class Worker:
         if reply is None or not reply.get("ready"):
             self._setup_problem = (Status.COMPILE_ERROR, self._died("while loading the solution", reply))
             self._kill()
+        self._signal_group(signal.SIGSTOP)
 
     def _read(self, stream) -> None:
         for line in stream:
@@ -147,7 +157,15 @@ class Worker:
                 self._replies.put(message)
         self._replies.put(None)
 
+    def _signal_group(self, signum: int) -> None:
+        """Send `signum` to the worker's process group: the worker and the processes it started (see the module's
+        docstring); nothing where no worker is running."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signum)
+
     def _send(self, message: dict) -> None:
+        self._signal_group(signal.SIGCONT)
         try:
             self._commands.write(json.dumps(message) + "\n")
             self._commands.flush()
@@ -161,9 +179,9 @@ class Worker:
             return {"timeout": timeout}
 
     def _kill(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
         if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):  # the group outlives its leader while a process in it lives
+                os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()
         self._process = None
 
@@ -209,6 +227,7 @@ class Worker:
                 )
             if result.uuid == workload.uuid:
                 self._first_result_pending = False
+                self._signal_group(signal.SIGSTOP)
                 return result
             reply = {"error": f"the worker answered for workload {result.uuid}, not {workload.uuid}"}
         status = Status.TIMEOUT if reply is not None and "timeout" in reply else Status.RUNTIME_ERROR

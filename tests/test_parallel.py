@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness import parallel
-from harness.isolation import RunPlan
+from harness.isolation import RunPlan, Worker
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR, get_solution
 from harness.runner import Bench, BenchOptions, Interrupted, run_side_by_side
@@ -93,6 +93,60 @@ def test_a_worker_that_dies_costs_only_its_job(tmp_path: Path) -> None:
     merged = run_local(plan, [Slot("cpu"), Slot("cpu")])
     statuses = [(w.num_tokens, w.status.value) for w in merged["crashes_mid_suite"].workloads]
     assert statuses == [(w.num_tokens, "RUNTIME_ERROR" if w.num_tokens == 17 else "PASSED") for w in SMOKE.workloads]
+
+
+# At import: a thread and a child process, each adding a line to its file every 10 ms for as long as it runs; each call
+# takes 0.1 s.
+TICKING = """
+import os, subprocess, sys, threading, time
+from reference import reference_backward
+
+def tick(path):
+    while True:
+        with open(path, "a") as f:
+            f.write("tick\\n")
+        time.sleep(0.01)
+
+threading.Thread(target=tick, args=(r"{thread}",), daemon=True).start()
+CHILD = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True:\\n    open(r'{child}', 'a').write('tick\\\\n')\\n    time.sleep(0.01)"])
+while not os.path.exists(r"{child}"):
+    time.sleep(0.01)
+
+def run(*tensors):
+    time.sleep(0.1)
+    for out, value in zip(tensors[12:], reference_backward(*tensors[:12])):
+        out.copy_(value)
+"""
+
+
+def test_a_worker_runs_only_during_its_jobs(tmp_path: Path, make_solution) -> None:
+    """Between its jobs a worker and the processes it started are stopped, so an idle solution cannot work (on the
+    GPU, or on the host's CPUs) while another solution is measured; each job continues them, and killing the worker
+    kills them too."""
+    ticks = {name: tmp_path / f"{name}.ticks" for name in ("thread", "child")}
+    root = make_solution("ticking", TICKING.format(**ticks))
+    plan = RunPlan(["ticking"], root, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:2], Scorer(CPU, tmp_path))
+    worker = Worker("ticking", plan, "cpu")
+
+    def ticking() -> dict[str, bool]:
+        sizes = {name: path.stat().st_size for name, path in ticks.items()}
+        time.sleep(0.3)
+        return {name: path.stat().st_size > sizes[name] for name, path in ticks.items()}
+
+    try:
+        worker.start()
+        assert ticking() == {"thread": False, "child": False}
+        result = worker.workload(SMOKE.workloads[0], 0, None, plan.scorer.for_solution("ticking"))
+        assert result.trials, result.message  # the worker answered: it ran again
+        sizes = [path.stat().st_size for path in ticks.values()]
+        assert ticking() == {"thread": False, "child": False}
+        worker.workload(SMOKE.workloads[1], 1, None, plan.scorer.for_solution("ticking"))
+        assert [path.stat().st_size for path in ticks.values()] > sizes  # both ran during the job
+        assert worker.finish() is not None
+        time.sleep(0.1)
+        assert ticking() == {"thread": False, "child": False}  # killed with the worker
+    finally:
+        worker.stop()  # the child too, whatever failed
 
 
 def test_a_slot_that_breaks_fails_the_run(tmp_path: Path, monkeypatch) -> None:
