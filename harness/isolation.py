@@ -13,7 +13,8 @@ A worker runs only while it has a job: between jobs the parent stops its process
 session of its own, which holds any process the solution starts), and continues it (SIGCONT) with the next command.
 So while one solution's workload is measured, no thread or process of another solution's worker issues GPU work or
 takes the host's CPUs, which a host-bound call's timing feels. GPU work a worker had queued when it was stopped still
-runs, and a process that leaves the session (setsid) is neither stopped nor killed with its worker.
+runs, and a process that leaves the session (setsid) is neither stopped nor killed with its worker. A parent killed
+outright takes its workers with it (harness.worker.die_with_parent), not the processes they started.
 
 What this does not stop: code running inside the worker can, in principle, read the worker's memory
 (the nonce included) and write to its pipe. The nonce turns forging a result from printing a line into

@@ -8,8 +8,10 @@ JSON replies, each with the parent's nonce, to RESULT_FD. stdout and stderr are 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -47,7 +49,16 @@ def bench_from_setup(setup: dict) -> tuple[Suite, Bench]:
     return Suite.model_validate(setup["suite"]), bench
 
 
+def die_with_parent() -> None:
+    """Have Linux kill this process when the parent's thread that started it ends: between jobs the parent keeps the
+    worker stopped (harness.isolation), and a stopped worker would never see its command pipe close."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def main(command_fd: int, result_fd: int) -> int:
+    die_with_parent()  # first: the parent stops this process only once it has answered
     commands = os.fdopen(command_fd, "r")
     results = os.fdopen(result_fd, "w")
     setup = json.loads(commands.readline())

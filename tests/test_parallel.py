@@ -4,6 +4,8 @@ one-worker run's apart from timings and provenance, on CPU workers (local proces
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -147,6 +149,43 @@ def test_a_worker_runs_only_during_its_jobs(tmp_path: Path, make_solution) -> No
         assert ticking() == {"thread": False, "child": False}  # killed with the worker
     finally:
         worker.stop()  # the child too, whatever failed
+
+
+ORPHANING = """
+import os, torch
+from pathlib import Path
+from harness.isolation import RunPlan, Worker
+from harness.registry import SOLUTIONS_DIR
+from harness.runner import BenchOptions
+from harness.scoring import Scorer
+from harness.workloads import load_named_suite
+
+smoke, results = load_named_suite("smoke"), Path(r"{results}")
+plan = RunPlan(["torch_eager"], SOLUTIONS_DIR, BenchOptions(trials=1), results, smoke, smoke.workloads, Scorer(torch.device("cpu"), results))
+worker = Worker("torch_eager", plan, "cpu")
+worker.start()
+print(worker._process.pid, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_stopped_worker_dies_with_its_parent(tmp_path: Path) -> None:
+    """A parent that dies without a word (killed, crashed) leaves no worker stopped for good."""
+    script = ORPHANING.format(results=tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    pid = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and process_state(pid) not in ("gone", "Z"):
+        time.sleep(0.05)
+    assert process_state(pid) in ("gone", "Z")  # a zombie where nothing reaps orphans (a container's first process)
+
+
+def process_state(pid: int) -> str:
+    """The state letter of process `pid` in /proc (T: stopped, Z: a zombie), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def test_a_slot_that_breaks_fails_the_run(tmp_path: Path, monkeypatch) -> None:
