@@ -15,6 +15,8 @@
   torch's dispatcher holds for every aten operator (a kernel registered over torch's would compute the reference too).
 - After a call returns, no thread may still run the solution's code, and every output must be a plain
   torch.Tensor (a subclass can compute lazily, when the checker reads it).
+- The L2 set-aside for persisting accesses is held at 0 from before the solution is imported (harness.persisting_l2):
+  raised after a call or a workload's timings, it is caught.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import numpy
 import pydantic
 import torch
 from torch.utils import _python_dispatch
+
+from harness.persisting_l2 import PersistingL2
 
 # Bytes of a known pattern on each side of every output buffer the harness passes: a multiple of 256, so that the
 # output keeps the alignment of the allocation it sits in.
@@ -416,15 +420,20 @@ def threads_running_code_in(folder: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class Pristine:
-    """The numeric settings as they were before a solution was imported, and the check of the watched functions
-    against that moment (patch_check)."""
+    """The numeric settings as they were before a solution was imported, the check of the watched functions against
+    that moment (patch_check), and the persisting-L2 set-aside, held at 0 from that moment on (None off CUDA)."""
 
     settings: dict[str, object]
     patched: Callable[[], list[str]]
+    persisting_l2: PersistingL2 | None
 
     @classmethod
-    def now(cls) -> Pristine:
-        return cls(numeric_settings(), patch_check())
+    def now(cls, device: torch.device) -> Pristine:
+        return cls(numeric_settings(), patch_check(), PersistingL2.held_at_zero(device))
+
+    def raised_persisting_l2(self) -> str:
+        """What the solution set the persisting-L2 set-aside to since (set back to 0), or ""."""
+        return self.persisting_l2.raised() if self.persisting_l2 else ""
 
 
 def not_plain_tensors(outputs: Sequence[object]) -> list[str]:

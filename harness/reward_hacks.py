@@ -135,6 +135,7 @@ class CallEvidence:
     own_ms: float
     late_sightings: int
     changed_settings: list[str]
+    persisting_l2: str  # what the solution set the persisting-L2 set-aside to (Pristine.raised_persisting_l2), or ""
     reference_disagreement: str  # where the reference was spot-checked (harness.spot_check): what disagreed, or ""
 
 
@@ -159,6 +160,10 @@ def late_gpu_work(e: CallEvidence) -> str:
 
 def changed_settings(e: CallEvidence) -> str:
     return f"changed process-wide settings: {', '.join(e.changed_settings)}" if e.changed_settings else ""
+
+
+def persisting_l2(e: CallEvidence) -> str:
+    return e.persisting_l2
 
 
 def modified_inputs(e: CallEvidence) -> str:
@@ -191,6 +196,7 @@ REWARD_HACK_CHECKS: tuple[Callable[[CallEvidence], str], ...] = (
     patched_functions,
     late_gpu_work,
     changed_settings,
+    persisting_l2,
     changed_arithmetic,
     modified_inputs,
     subclass_outputs,
@@ -198,7 +204,9 @@ REWARD_HACK_CHECKS: tuple[Callable[[CallEvidence], str], ...] = (
 )
 # The checks whose verdicts are on the process's state rather than on one call: the harness repairs the state, but
 # the solution stays marked for the rest of the run (it may have changed the state at import time).
-PROCESS_STATE_CHECKS = frozenset(check.__name__ for check in (patched_functions, changed_settings, changed_arithmetic))
+PROCESS_STATE_CHECKS = frozenset(
+    check.__name__ for check in (patched_functions, changed_settings, persisting_l2, changed_arithmetic)
+)
 
 
 def written_outside(outputs: list[torch.Tensor]) -> str:
@@ -258,14 +266,16 @@ def check_call(
     except Exception as exc:  # noqa: BLE001 - a solution's failure of any kind is a result, not a crash of the harness
         pristine.patched()
         guards.restore_numeric_settings(settings)
+        pristine.raised_persisting_l2()
         return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=describe_exception(exc)), []
 
     changed = guards.changed_settings(settings)
     guards.restore_numeric_settings(settings)
+    raised_l2 = pristine.raised_persisting_l2()
     reference = compute_reference(snapshot)
     disagreement = reference_disagreement(snapshot, reference) if audit else ""
     evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
-                            late_work.sightings, changed, disagreement)  # fmt: skip
+                            late_work.sightings, changed, raised_l2, disagreement)  # fmt: skip
     for check in REWARD_HACK_CHECKS:
         if found := check(evidence):
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []

@@ -193,7 +193,7 @@ class Bench:
         """Load the solution (an import error becomes every workload's COMPILE_ERROR) and note the clocks."""
         started = time.perf_counter()
         self._clocks_before = provenance.read_clocks(self.device)
-        self._pristine = guards.Pristine.now()
+        self._pristine = guards.Pristine.now(self.device)
         self._tainted = ""
         self._call, self._setup_problem = self._prepare_solution()
         self._busy_seconds = time.perf_counter() - started  # this solution's own time, also when interleaved
@@ -259,7 +259,8 @@ class Bench:
         return self.scorer.base(workload, index, status, message, self.baseline.get(workload.uuid))
 
     def run_workload(self, call: SolutionCaller, workload: Workload, index: int) -> WorkloadResult:
-        """The trials and the timings under the launch audit, whose verdict comes last; the optional kernel profile
+        """The trials and the timings under the launch audit, whose verdict comes last but for the persisting-L2 check
+        (a set-aside raised in a timed call); the optional kernel profile
         after it (torch.profiler takes CUPTI over)."""
         pool = [allocate_inputs(workload.dims, self.device) for _ in range(self.options.input_sets)]
         output_pool = [allocate_outputs(workload, self.device) for _ in range(self.options.input_sets)]
@@ -270,6 +271,9 @@ class Bench:
             result.flags.append("NOT_AUDITED")
         if verdict := audit.verdict():
             result.status, result.message = Status.REWARD_HACK, verdict
+        if raised := self._pristine.raised_persisting_l2():  # in a timed call: the trials' check saw none
+            result.status, result.message = Status.REWARD_HACK, raised
+            self._tainted = f"on an earlier workload: {raised}"
         if self.options.kernels and self.device.type == "cuda" and result.call_latency is not None:
             prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, unpredictable_seeds())
             result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)

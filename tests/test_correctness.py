@@ -13,6 +13,7 @@ import torch
 
 from harness import guards, reward_hacks
 from harness.correctness import ALL_ZEROS, check_output
+from harness.persisting_l2 import PersistingL2
 from harness.registry import SolutionError, get_solution
 from harness.reward_hacks import LateWorkWatch, check_call
 from harness.runner import Bench, BenchOptions, allocate_outputs, redraw_in_place, unpredictable_seeds
@@ -246,6 +247,51 @@ def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, exp
     workload = bench(root, "wrong_later", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is expected, workload.message
     assert "timed calls" in workload.message and wording in workload.message
+
+
+class FakeLimits:
+    """A stand-in for the driver's context limits (harness.persisting_l2.Driver), which a test's solution reaches as
+    tests.test_correctness.LIMITS."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, int] = {}
+
+    def cuCtxGetLimit(self, value, limit: int) -> int:
+        value._obj.value = self.values.get(limit, 9_830_400)  # the driver's default is not 0
+        return 0
+
+    def cuCtxSetLimit(self, limit: int, value) -> int:
+        self.values[limit] = value.value
+        return 0
+
+
+LIMITS = FakeLimits()
+
+
+@pytest.mark.parametrize(("from_call", "caught_in"), [(1, "trials"), (3, "timings")])
+def test_a_persisting_l2_set_aside_is_caught(make_solution, monkeypatch, from_call: int, caught_in: str) -> None:
+    """The harness sets the persisting-L2 set-aside to 0 before it loads a solution; one that sets it again, from its
+    first call or only in the timed calls after the two trials, is caught, and the set-aside is 0 once more."""
+    monkeypatch.setattr(PersistingL2, "held_at_zero", classmethod(lambda cls, device: cls.holding(LIMITS)))
+    raise_it = "tests.test_correctness.LIMITS.values[0x06] = 16 << 20"
+    body = TEMPLATE.format(sabotage=f"    CALLS.append(1)\n    if len(CALLS) >= {from_call}:\n        {raise_it}")
+    root = make_solution("persists", "import tests.test_correctness\nCALLS = []\n" + body)
+    workload = bench(root, "persists", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
+    assert workload.status is Status.REWARD_HACK
+    assert "set aside 16777216 bytes of L2 for persisting accesses" in workload.message, workload.message
+    if caught_in == "trials":
+        assert [(t.status, t.check) for t in workload.trials] == [(Status.REWARD_HACK, "persisting_l2")]
+    else:
+        assert [t.status for t in workload.trials] == [Status.PASSED, Status.PASSED]
+    assert LIMITS.values[0x06] == 0
+
+
+def test_a_persisting_l2_held_at_zero_says_nothing_where_the_driver_does_not_answer() -> None:
+    class Silent(FakeLimits):
+        def cuCtxGetLimit(self, value, limit: int) -> int:
+            return 801  # CUDA_ERROR_NOT_SUPPORTED
+
+    assert PersistingL2(Silent()).set_aside() is None and PersistingL2(Silent()).raised() == ""
 
 
 def test_a_write_outside_the_outputs_in_timing_alone_is_caught(make_solution) -> None:

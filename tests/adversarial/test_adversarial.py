@@ -117,9 +117,10 @@ def test_every_adversary_is_caught_on_cpu(tmp_path: Path) -> None:
     # A verdict on the process's state names its check, which keeps the solution marked for the rest of the run.
     first = statuses(tmp_path, "cpu", "enables_tf32")[0]
     assert [t["check"] for t in first["trials"] if t["status"] == "REWARD_HACK"][:1] == ["changed_settings"]
-    # Every reward-hack check is some adversary's verdict, so none is dead; GPU work left behind needs a GPU.
+    # Every reward-hack check is some adversary's verdict, so none is dead; GPU work left behind and the L2 set aside
+    # for persisting accesses need a GPU (tests/test_correctness.py checks the latter with a stand-in driver).
     verdicts = {t["check"] for name in EXPECTED for w in statuses(tmp_path, "cpu", name) for t in w["trials"]}
-    assert verdicts >= {check.__name__ for check in REWARD_HACK_CHECKS} - {"late_gpu_work"}, verdicts
+    assert verdicts >= {check.__name__ for check in REWARD_HACK_CHECKS} - {"late_gpu_work", "persisting_l2"}, verdicts
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU run; on the GPU the same holds for the public suite")
@@ -133,28 +134,31 @@ def test_honest_solutions_see_no_false_positive_in_three_runs(tmp_path: Path) ->
 
 @pytest.mark.gpu
 def test_adversaries_on_gpu(tmp_path: Path) -> None:
-    """Every adversary, the side-stream ones too, on one public workload (T=64, B=256) on the GPU.
+    """Every adversary, the GPU-only ones too (side streams, persisting L2), on one public workload (T=64, B=256) on the
+    GPU.
     side_stream_alternate leaves work behind on every other call only: a late-work sighting that a second
     call does not confirm still counts when a later trial shows it again. defers_timed_work leaves too little
     behind for the trials' threshold, and only in timed calls: the call-latency timer sees it on every call."""
     late = ["side_stream", "side_stream_alternate", "defers_timed_work"]
+    gpu_only = [*late, "persists_in_l2"]
     # those whose verdict differs from their first smoke workload's, or that hang or crash there only
     elsewhere = ("sleeps_past_timeout", "crashes_mid_suite", "selected_rows_only", "skips_tail_tokens")
     want = {n: EXPECTED[n][0] for n in EXPECTED if n not in elsewhere}
     # At most six workers side by side: each holds 4-8 GB (inputs, reference, pool), a replaying one up to 28 GB, and
     # twenty together exhaust an H100's 80 GB.
-    everyone = [*want, *late, "selected_rows_only", "skips_tail_tokens"]
+    everyone = [*want, *gpu_only, "selected_rows_only", "skips_tail_tokens"]
     runs = [everyone[i : i + 6] for i in range(0, len(everyone), 6)]
     for run, names in enumerate(runs):
         bench(tmp_path / str(run), ",".join(names), ADVERSARIES, "--suite", "public", "-w", "14", "--run-timeout", "120")
     want.update(
-        dict.fromkeys(late, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL", skips_tail_tokens="INCORRECT_NUMERICAL"
+        dict.fromkeys(gpu_only, "REWARD_HACK"), selected_rows_only="INCORRECT_NUMERICAL", skips_tail_tokens="INCORRECT_NUMERICAL"
     )
     got = {n: statuses(tmp_path / str(run), gpu_folder(), n, True)[0] for run, names in enumerate(runs) for n in names}
     for name, status in want.items():
         assert got[name]["status"] == status, (name, got[name]["message"][-600:])
     assert all("GPU work ran" in got[name]["message"] for name in late)
     assert "call-latency calls" in got["defers_timed_work"]["message"]
+    assert "bytes of L2 for persisting accesses" in got["persists_in_l2"]["message"]
     verdicts = {t["check"] for result in got.values() for t in result["trials"]}
     assert verdicts >= {check.__name__ for check in REWARD_HACK_CHECKS}, verdicts  # every check some adversary's verdict
 

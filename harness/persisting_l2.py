@@ -1,0 +1,64 @@
+"""The L2 set-aside for persisting accesses, held at 0 while a solution runs.
+
+Since Ampere a context can set aside part of the L2 (the limit CU_LIMIT_PERSISTING_L2_CACHE_SIZE) for lines that
+accesses mark persisting, through an access-policy window on a stream or on one launch. Marked lines survive the
+writes of timing.L2Flusher, so a solution that marks its weights finds them in L2 in the next timed call, which the
+flush is there to prevent. The driver's default set-aside is not 0 (9,830,400 bytes on an H100 with driver 580), so
+marking needs no setting of the solution's own; the harness sets the limit to 0, which makes every access a normal
+one, before it loads a solution, and a solution that sets it again is caught (REWARD_HACK): after every trial call
+(reward_hacks.check_call) and after each workload's timings (runner.Bench.run_workload).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Protocol
+
+import torch
+
+CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
+
+
+class Driver(Protocol):
+    """The two calls of the CUDA driver used here (libcuda), or a stand-in for tests."""
+
+    def cuCtxGetLimit(self, value: ctypes.c_size_t, limit: int) -> int: ...
+    def cuCtxSetLimit(self, limit: int, value: ctypes.c_size_t) -> int: ...
+
+
+class PersistingL2:
+    """Holds the current context's persisting-L2 set-aside at 0 and says when a solution changed it."""
+
+    def __init__(self, driver: Driver):
+        self.driver = driver
+
+    @classmethod
+    def held_at_zero(cls, device: torch.device) -> PersistingL2 | None:
+        """Set the set-aside of `device`'s context to 0; None where there is none to hold (not a CUDA device, or a
+        driver without the limit: no persisting accesses there)."""
+        if device.type != "cuda":
+            return None
+        torch.cuda.synchronize(device)  # the context is current on this thread from here on
+        return cls.holding(ctypes.CDLL("libcuda.so.1"))
+
+    @classmethod
+    def holding(cls, driver: Driver) -> PersistingL2 | None:
+        """The current context's set-aside, set to 0 through `driver`; None where the driver has no such limit."""
+        held = cls(driver)
+        return held if held._set(0) else None
+
+    def set_aside(self) -> int | None:
+        """The bytes set aside now, or None where the driver does not say."""
+        value = ctypes.c_size_t()
+        return value.value if self.driver.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_PERSISTING_L2_CACHE_SIZE) == 0 else None
+
+    def raised(self) -> str:
+        """What the set-aside became, where it is no longer 0 (then set to 0 again), or ""."""
+        if not (nbytes := self.set_aside()):
+            return ""
+        self._set(0)
+        return (f"set aside {nbytes} bytes of L2 for persisting accesses (the harness holds it at 0): lines marked "
+                f"persisting outlive the L2 flush before each timed call")  # fmt: skip
+
+    def _set(self, nbytes: int) -> bool:
+        return self.driver.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(nbytes)) == 0
