@@ -11,6 +11,7 @@ one, before it loads a solution, and a solution that sets it again is caught (RE
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Protocol
 
@@ -27,10 +28,11 @@ class Driver(Protocol):
 
 
 class PersistingL2:
-    """Holds the current context's persisting-L2 set-aside at 0 and says when a solution changed it."""
+    """Holds a CUDA context's persisting-L2 set-aside at 0 and says when a solution changed it."""
 
-    def __init__(self, driver: Driver):
+    def __init__(self, driver: Driver, device: torch.device | None = None):
         self.driver = driver
+        self.device = device  # whose context the driver's calls act on (made current for them); None: the current one
 
     @classmethod
     def held_at_zero(cls, device: torch.device) -> PersistingL2 | None:
@@ -38,19 +40,21 @@ class PersistingL2:
         driver without the limit: no persisting accesses there)."""
         if device.type != "cuda":
             return None
-        torch.cuda.synchronize(device)  # the context is current on this thread from here on
-        return cls.holding(ctypes.CDLL("libcuda.so.1"))
+        torch.cuda.synchronize(device)  # creates the device's context where torch has not yet
+        return cls.holding(ctypes.CDLL("libcuda.so.1"), device)
 
     @classmethod
-    def holding(cls, driver: Driver) -> PersistingL2 | None:
-        """The current context's set-aside, set to 0 through `driver`; None where the driver has no such limit."""
-        held = cls(driver)
+    def holding(cls, driver: Driver, device: torch.device | None = None) -> PersistingL2 | None:
+        """The set-aside, set to 0 through `driver`; None where the driver has no such limit."""
+        held = cls(driver, device)
         return held if held._set(0) else None
 
     def set_aside(self) -> int | None:
         """The bytes set aside now, or None where the driver does not say."""
         value = ctypes.c_size_t()
-        return value.value if self.driver.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_PERSISTING_L2_CACHE_SIZE) == 0 else None
+        with self._context():
+            read = self.driver.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_PERSISTING_L2_CACHE_SIZE) == 0
+        return value.value if read else None
 
     def raised(self) -> str:
         """What the set-aside became, where it is no longer 0 (then set to 0 again), or ""."""
@@ -61,4 +65,8 @@ class PersistingL2:
                 f"persisting outlive the L2 flush before each timed call")  # fmt: skip
 
     def _set(self, nbytes: int) -> bool:
-        return self.driver.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(nbytes)) == 0
+        with self._context():
+            return self.driver.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(nbytes)) == 0
+
+    def _context(self) -> contextlib.AbstractContextManager:
+        return torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
