@@ -435,6 +435,10 @@ class Pristine:
         """What the solution set the persisting-L2 set-aside to since (set back to 0), or ""."""
         return self.persisting_l2.raised() if self.persisting_l2 else ""
 
+    def reset_persisting_lines(self) -> None:
+        if self.persisting_l2:
+            self.persisting_l2.reset_lines()
+
 
 def not_plain_tensors(outputs: Sequence[object]) -> list[str]:
     """Outputs that are tensor subclasses (which can compute lazily, on access) rather than torch.Tensor."""

@@ -7,6 +7,12 @@ flush is there to prevent. The driver's default set-aside is not 0 (9,830,400 by
 marking needs no setting of the solution's own; the harness sets the limit to 0, which makes every access a normal
 one, before it loads a solution, and a solution that sets it again is caught (REWARD_HACK): after every trial call
 (reward_hacks.check_call) and after each workload's timings (runner.Bench.run_workload).
+
+Setting the limit waits for the device to go idle, and lowering it leaves marked lines persisting (on an H100), so a call
+could raise it, mark its weights and lower it again unseen, at no cost where the device idles between calls anyway. So
+the timers that call on an idle device (call latency, mixed T) also reset every line to normal before each call's
+flush. The queue-full timers cannot: a reset acts when the host makes it, not in stream order; there, a solution that
+set the limit within each call would empty the queue twice a call.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
 
 
 class Driver(Protocol):
-    """The two calls of the CUDA driver used here (libcuda), or a stand-in for tests."""
+    """The calls of the CUDA driver used here (libcuda), or a stand-in for tests."""
 
     def cuCtxGetLimit(self, value: ctypes.c_size_t, limit: int) -> int: ...
     def cuCtxSetLimit(self, limit: int, value: ctypes.c_size_t) -> int: ...
+    def cuCtxResetPersistingL2Cache(self) -> int: ...
 
 
 class PersistingL2:
@@ -63,6 +70,11 @@ class PersistingL2:
         self._set(0)
         return (f"set aside {nbytes} bytes of L2 for persisting accesses (the harness holds it at 0): lines marked "
                 f"persisting outlive the L2 flush before each timed call")  # fmt: skip
+
+    def reset_lines(self) -> None:
+        """Make every line marked persisting a normal one again, at once (not in stream order; 4 us of host time)."""
+        with self._context():
+            self.driver.cuCtxResetPersistingL2Cache()
 
     def _set(self, nbytes: int) -> bool:
         with self._context():

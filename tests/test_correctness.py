@@ -81,9 +81,9 @@ SABOTAGE = {
 }
 
 
-def bench(root: Path, name: str, trials: int = 2) -> Bench:
-    options = BenchOptions(trials=trials, timing=TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2))
-    return cpu_bench(root, name, options)
+def bench(root: Path, name: str, trials: int = 2, mixed_tokens: bool = False) -> Bench:
+    timing = TimingConfig(warmup_calls=1, min_calls=2, max_calls=4, batch_calls=2)
+    return cpu_bench(root, name, BenchOptions(trials=trials, timing=timing, mixed_tokens=mixed_tokens))
 
 
 @pytest.mark.parametrize("case", list(SABOTAGE))
@@ -255,6 +255,7 @@ class FakeLimits:
 
     def __init__(self) -> None:
         self.values: dict[int, int] = {}
+        self.resets = 0
 
     def cuCtxGetLimit(self, value, limit: int) -> int:
         value._obj.value = self.values.get(limit, 9_830_400)  # the driver's default is not 0
@@ -264,6 +265,10 @@ class FakeLimits:
         self.values[limit] = value.value
         return 0
 
+    def cuCtxResetPersistingL2Cache(self) -> int:
+        self.resets += 1
+        return 0
+
 
 LIMITS = FakeLimits()
 
@@ -271,18 +276,22 @@ LIMITS = FakeLimits()
 @pytest.mark.parametrize(("from_call", "caught_in"), [(1, "trials"), (3, "timings")])
 def test_a_persisting_l2_set_aside_is_caught(make_solution, monkeypatch, from_call: int, caught_in: str) -> None:
     """The harness sets the persisting-L2 set-aside to 0 before it loads a solution; one that sets it again, from its
-    first call or only in the timed calls after the two trials, is caught, and the set-aside is 0 once more."""
+    first call or only in the timed calls after the two trials, is caught, and the set-aside is 0 once more. Lines
+    marked persisting are reset before every call-latency call."""
     monkeypatch.setattr(PersistingL2, "held_at_zero", classmethod(lambda cls, device: cls.holding(LIMITS)))
+    monkeypatch.setattr(LIMITS, "resets", 0)
     raise_it = "tests.test_correctness.LIMITS.values[0x06] = 16 << 20"
     body = TEMPLATE.format(sabotage=f"    CALLS.append(1)\n    if len(CALLS) >= {from_call}:\n        {raise_it}")
     root = make_solution("persists", "import tests.test_correctness\nCALLS = []\n" + body)
-    workload = bench(root, "persists", trials=2).run(SMOKE, [WORKLOAD]).workloads[0]
+    workload = bench(root, "persists", mixed_tokens=True).run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is Status.REWARD_HACK
     assert "set aside 16777216 bytes of L2 for persisting accesses" in workload.message, workload.message
     if caught_in == "trials":
         assert [(t.status, t.check) for t in workload.trials] == [(Status.REWARD_HACK, "persisting_l2")]
     else:
         assert [t.status for t in workload.trials] == [Status.PASSED, Status.PASSED]
+        latency, mixed = workload.call_latency, workload.mixed_tokens
+        assert LIMITS.resets == latency.n + latency.warmup_calls + len(mixed.tokens) * mixed.rounds > 0
     assert LIMITS.values[0x06] == 0
 
 
