@@ -8,11 +8,13 @@ marking needs no setting of the solution's own; the harness sets the limit to 0,
 one, before it loads a solution, and a solution that sets it again is caught (REWARD_HACK): after every trial call
 (reward_hacks.check_call) and after each workload's timings (runner.Bench.run_workload).
 
-Setting the limit waits for the device to go idle, and lowering it leaves marked lines persisting (on an H100), so a call
-could raise it, mark its weights and lower it again unseen, at no cost where the device idles between calls anyway. So
-the timers that call on an idle device (call latency, mixed T) also reset every line to normal before each call's
-flush. The queue-full timers cannot: a reset acts when the host makes it, not in stream order; there, a solution that
-set the limit within each call would empty the queue twice a call.
+Setting the limit waits for the device to go idle, and lowering it leaves marked lines persisting, so a call could raise
+it, mark its weights and lower it again unseen, at no cost where the device idles between calls anyway. And a window
+keeps some lines across the flush even under a limit of 0. So the timers that call on an idle device (call latency,
+mixed T) also reset every line to normal before each call's flush, which takes either gain away. The queue-full timers
+(device time, sustained) cannot: a reset acts when the host makes it, not in stream order. There a window under the
+limit of 0 keeps a part of its gain (on an H100, a 24 MiB read after the flush 1.2 us faster, against 2.9 us under the
+driver's default limit), and a solution that set the limit within each call would empty the queue twice a call.
 """
 
 from __future__ import annotations
