@@ -250,8 +250,8 @@ def test_timed_outputs_are_checked_too(make_solution, after_the_trials: str, exp
 
 
 class FakeLimits:
-    """A stand-in for the driver's context limits (harness.persisting_l2.Driver), which a test's solution reaches as
-    tests.test_correctness.LIMITS."""
+    """A stand-in for the driver calls of harness.persisting_l2 (its Driver): context limits and the reset of
+    persisting lines, counted. A test's solution reaches it as tests.test_correctness.LIMITS."""
 
     def __init__(self) -> None:
         self.values: dict[int, int] = {}

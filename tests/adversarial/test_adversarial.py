@@ -134,8 +134,7 @@ def test_honest_solutions_see_no_false_positive_in_three_runs(tmp_path: Path) ->
 
 @pytest.mark.gpu
 def test_adversaries_on_gpu(tmp_path: Path) -> None:
-    """Every adversary, the GPU-only ones too (side streams, persisting L2), on one public workload (T=64, B=256) on the
-    GPU.
+    """Every adversary, the GPU-only ones too (side streams, persisting L2), on one public workload (T=64, B=256).
     side_stream_alternate leaves work behind on every other call only: a late-work sighting that a second
     call does not confirm still counts when a later trial shows it again. defers_timed_work leaves too little
     behind for the trials' threshold, and only in timed calls: the call-latency timer sees it on every call."""
