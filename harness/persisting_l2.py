@@ -4,8 +4,8 @@ Since Ampere a context can set aside part of the L2 (the limit CU_LIMIT_PERSISTI
 accesses mark persisting, through an access-policy window on a stream or on one launch. Marked lines survive the
 writes of timing.L2Flusher, so a solution that marks its weights finds them in L2 in the next timed call, which the
 flush is there to prevent. The driver's default set-aside is not 0 (9,830,400 bytes on an H100 with driver 580), so
-marking needs no setting of the solution's own; the harness sets the limit to 0, which makes every access a normal
-one, before it loads a solution, and a solution that sets it again is caught (REWARD_HACK): after every trial call
+marking needs no setting of the solution's own; the harness sets the limit to 0, which takes most of a window's gain
+away, before it loads a solution, and a solution that sets it again is caught (REWARD_HACK): after every trial call
 (reward_hacks.check_call) and after each workload's timings (runner.Bench.run_workload).
 
 Setting the limit waits for the device to go idle, and lowering it leaves marked lines persisting, so a call could raise
