@@ -219,9 +219,13 @@ class Bench:
         of the run."""
         if not replaced:
             return result
-        result.status, result.message = Status.REWARD_HACK, patched_message(replaced)
-        self._tainted = f"on an earlier workload: {result.message}"
+        self._mark_for_the_run(result, patched_message(replaced))
         return self.scorer.rescore(result)
+
+    def _mark_for_the_run(self, result: WorkloadResult, found: str) -> None:
+        """REWARD_HACK for a change to the process's state, which keeps the solution marked for the rest of the run."""
+        result.status, result.message = Status.REWARD_HACK, found
+        self._tainted = f"on an earlier workload: {found}"
 
     def mark_patched_when_loaded(self, replaced: list[str]) -> None:
         """The backstop's verdict on what loading the solution replaced (run_side_by_side, where solutions share a
@@ -260,8 +264,7 @@ class Bench:
 
     def run_workload(self, call: SolutionCaller, workload: Workload, index: int) -> WorkloadResult:
         """The trials and the timings under the launch audit, whose verdict comes last but for the persisting-L2 check
-        (a set-aside raised in a timed call); the optional kernel profile
-        after it (torch.profiler takes CUPTI over)."""
+        (a set-aside raised in a timed call); the optional kernel profile after it (torch.profiler takes CUPTI over)."""
         pool = [allocate_inputs(workload.dims, self.device) for _ in range(self.options.input_sets)]
         output_pool = [allocate_outputs(workload, self.device) for _ in range(self.options.input_sets)]
         with LaunchAudit(self.device) as audit:
@@ -272,8 +275,7 @@ class Bench:
         if verdict := audit.verdict():
             result.status, result.message = Status.REWARD_HACK, verdict
         if raised := self._pristine.raised_persisting_l2():  # in a timed call: the trials' check saw none
-            result.status, result.message = Status.REWARD_HACK, raised
-            self._tainted = f"on an earlier workload: {raised}"
+            self._mark_for_the_run(result, raised)
         if self.options.kernels and self.device.type == "cuda" and result.call_latency is not None:
             prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, unpredictable_seeds())
             result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
