@@ -13,8 +13,8 @@ it, mark its weights and lower it again unseen, at no cost where the device idle
 keeps some lines across the flush even under a limit of 0. So the timers that call on an idle device (call latency,
 mixed T) also reset every line to normal before each call's flush, which takes either gain away. The queue-full timers
 (device time, sustained) cannot: a reset acts when the host makes it, not in stream order. There a window under the
-limit of 0 keeps a part of its gain (on an H100, a 24 MiB read after the flush 1.2 us faster, against 2.9 us under the
-driver's default limit), and a solution that set the limit within each call would empty the queue twice a call.
+limit of 0 keeps a part of its gain, and a solution that set the limit within each call would empty the queue twice a
+call.
 """
 
 from __future__ import annotations
