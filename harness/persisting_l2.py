@@ -12,9 +12,10 @@ Setting the limit waits for the device to go idle, and lowering it leaves marked
 it, mark its weights and lower it again unseen, at no cost where the device idles between calls anyway. And a window
 keeps some lines across the flush even under a limit of 0. So the timers that call on an idle device (call latency,
 mixed T) also reset every line to normal before each call's flush, which takes either gain away. The queue-full timers
-(device time, sustained) cannot: a reset acts when the host makes it, not in stream order. There a window under the
-limit of 0 keeps a part of its gain, and a solution that set the limit within each call would empty the queue twice a
-call.
+(device time, sustained) cannot: a reset acts when the host makes it, not in stream order, and rewriting the marked
+lines in stream order does not unmark them (neither the device-time timer's redraw of the inputs nor a write from a
+stream whose window says Normal). There a window under the limit of 0 keeps a part of its gain, and a solution that
+set the limit within each call would empty the queue twice a call.
 """
 
 from __future__ import annotations
