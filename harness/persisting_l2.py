@@ -14,8 +14,10 @@ keeps some lines across the flush even under a limit of 0. So the timers that ca
 mixed T) also reset every line to normal before each call's flush, which takes either gain away. The queue-full timers
 (device time, sustained) cannot: a reset acts when the host makes it, not in stream order, and rewriting the marked
 lines in stream order does not unmark them (neither the device-time timer's redraw of the inputs nor a write from a
-stream whose window says Normal). There a window under the limit of 0 keeps a part of its gain, and a solution that
-set the limit within each call would empty the queue twice a call.
+stream whose window says Normal). A flush whose own writes are marked persisting does evict them in stream order,
+but it also moves an honest solution's time, by a few percent either way depending on T, so the flush stays the plain
+one that Triton's do_bench and the public evaluator use. In the queue-full timers, then, a window under the limit of 0
+keeps a part of its gain, and a solution that set the limit within each call would empty the queue twice a call.
 """
 
 from __future__ import annotations
