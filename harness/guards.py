@@ -15,8 +15,8 @@
   torch's dispatcher holds for every aten operator (a kernel registered over torch's would compute the reference too).
 - After a call returns, no thread may still run the solution's code, and every output must be a plain
   torch.Tensor (a subclass can compute lazily, when the checker reads it).
-- The L2 set-aside for persisting accesses is held at 0 from before the solution is imported (harness.persisting_l2):
-  raised after a call or a workload's timings, it is caught.
+- The L2 set-aside for persisting accesses is held where it was before the solution is imported
+  (harness.persisting_l2): changed after a call or a workload's timings, it is caught.
 """
 
 from __future__ import annotations
@@ -421,7 +421,7 @@ def threads_running_code_in(folder: Path) -> list[str]:
 @dataclass(frozen=True)
 class Pristine:
     """The numeric settings as they were before a solution was imported, the check of the watched functions against
-    that moment (patch_check), and the persisting-L2 set-aside, held at 0 from that moment on (None off CUDA)."""
+    that moment (patch_check), and the persisting-L2 set-aside, held as it was at that moment (None off CUDA)."""
 
     settings: dict[str, object]
     patched: Callable[[], list[str]]
@@ -429,11 +429,11 @@ class Pristine:
 
     @classmethod
     def now(cls, device: torch.device) -> Pristine:
-        return cls(numeric_settings(), patch_check(), PersistingL2.held_at_zero(device))
+        return cls(numeric_settings(), patch_check(), PersistingL2.held_as_found(device))
 
-    def raised_persisting_l2(self) -> str:
-        """What the solution set the persisting-L2 set-aside to since (set back to 0), or ""."""
-        return self.persisting_l2.raised() if self.persisting_l2 else ""
+    def changed_persisting_l2(self) -> str:
+        """What the solution set the persisting-L2 set-aside to since (set back to the held value), or ""."""
+        return self.persisting_l2.changed() if self.persisting_l2 else ""
 
     def reset_persisting_lines(self) -> None:
         if self.persisting_l2:

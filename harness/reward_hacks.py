@@ -135,7 +135,7 @@ class CallEvidence:
     own_ms: float
     late_sightings: int
     changed_settings: list[str]
-    persisting_l2: str  # what the solution set the persisting-L2 set-aside to (Pristine.raised_persisting_l2), or ""
+    persisting_l2: str  # what the solution set the persisting-L2 set-aside to (Pristine.changed_persisting_l2), or ""
     reference_disagreement: str  # where the reference was spot-checked (harness.spot_check): what disagreed, or ""
 
 
@@ -266,16 +266,16 @@ def check_call(
     except Exception as exc:  # noqa: BLE001 - a solution's failure of any kind is a result, not a crash of the harness
         pristine.patched()
         guards.restore_numeric_settings(settings)
-        pristine.raised_persisting_l2()
+        pristine.changed_persisting_l2()
         return TrialReport(seed=seed, status=Status.RUNTIME_ERROR, message=describe_exception(exc)), []
 
     changed = guards.changed_settings(settings)
     guards.restore_numeric_settings(settings)
-    raised_l2 = pristine.raised_persisting_l2()
+    changed_l2 = pristine.changed_persisting_l2()
     reference = compute_reference(snapshot)
     disagreement = reference_disagreement(snapshot, reference) if audit else ""
     evidence = CallEvidence(inputs, snapshot, produced, still_running, patched, late(late_ms, own_ms), late_ms, own_ms,
-                            late_work.sightings, changed, raised_l2, disagreement)  # fmt: skip
+                            late_work.sightings, changed, changed_l2, disagreement)  # fmt: skip
     for check in REWARD_HACK_CHECKS:
         if found := check(evidence):
             return TrialReport(seed=seed, status=Status.REWARD_HACK, message=found, check=check.__name__), []

@@ -264,7 +264,7 @@ class Bench:
 
     def run_workload(self, call: SolutionCaller, workload: Workload, index: int) -> WorkloadResult:
         """The trials and the timings under the launch audit, whose verdict comes last but for the persisting-L2 check
-        (a set-aside raised in a timed call); the optional kernel profile after it (torch.profiler takes CUPTI over)."""
+        (a set-aside changed in a timed call); the optional kernel profile after it (torch.profiler takes CUPTI over)."""
         pool = [allocate_inputs(workload.dims, self.device) for _ in range(self.options.input_sets)]
         output_pool = [allocate_outputs(workload, self.device) for _ in range(self.options.input_sets)]
         with LaunchAudit(self.device) as audit:
@@ -274,8 +274,8 @@ class Bench:
             result.flags.append("NOT_AUDITED")
         if verdict := audit.verdict():
             result.status, result.message = Status.REWARD_HACK, verdict
-        if raised := self._pristine.raised_persisting_l2():  # in a timed call: the trials' check saw none
-            self._mark_for_the_run(result, raised)
+        if changed := self._pristine.changed_persisting_l2():  # in a timed call: the trials' check saw none
+            self._mark_for_the_run(result, changed)
         if self.options.kernels and self.device.type == "cuda" and result.call_latency is not None:
             prepare = _redrawn_in_place(pool[0], output_pool[0], workload.dims, unpredictable_seeds())
             result.kernels = profile_kernels(lambda i: call(pool[0], output_pool[0]), prepare, self.device)
