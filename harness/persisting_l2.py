@@ -17,8 +17,8 @@ every line to normal before each call's flush, which takes either gain away. The
 sustained) cannot: a reset acts when the host makes it, not in stream order, and rewriting the marked lines in stream
 order does not unmark them (neither the device-time timer's redraw of the inputs nor a write from a stream whose window
 says Normal). A flush whose own writes are marked persisting does evict them in stream order, but it also moves an
-honest solution's time, by a few percent either way depending on T, so the flush stays the plain one that Triton's
-do_bench and the public evaluator use, and in the queue-full timers marked lines keep their gain across it, as there.
+honest solution's time, by a few percent either way depending on T. So the flush stays the plain one of Triton's
+do_bench and the public evaluator, and in the queue-full timers marked lines keep their gain across it, as in theirs.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class PersistingL2:
         with self._context():
             self.driver.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(self.held))
         return (f"set aside {nbytes} bytes of L2 for persisting accesses (the harness holds it at the {self.held} it "
-                f"found): lines marked persisting outlive the L2 flush before each timed call")  # fmt: skip
+                f"found; the more, the more marked lines outlive the L2 flush before each timed call)")  # fmt: skip
 
     def reset_lines(self) -> None:
         """Make every line marked persisting a normal one again, at once (not in stream order; 4 us of host time)."""
