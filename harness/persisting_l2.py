@@ -43,10 +43,10 @@ class Driver(Protocol):
 class PersistingL2:
     """Holds a CUDA context's persisting-L2 set-aside where it was found and says when a solution changed it."""
 
-    def __init__(self, driver: Driver, held: int, device: torch.device | None = None):
+    def __init__(self, driver: Driver, device: torch.device | None = None):
         self.driver = driver
-        self.held = held  # the bytes set aside when the harness found it
         self.device = device  # whose context the driver's calls act on (made current for them); None: the current one
+        self.held = self.set_aside()  # the bytes set aside when the harness found it (None: the driver does not say)
 
     @classmethod
     def held_as_found(cls, device: torch.device) -> PersistingL2 | None:
@@ -60,8 +60,8 @@ class PersistingL2:
     @classmethod
     def holding(cls, driver: Driver, device: torch.device | None = None) -> PersistingL2 | None:
         """The set-aside, held at what `driver` reads now; None where the driver has no such limit."""
-        nbytes = cls(driver, 0, device).set_aside()
-        return None if nbytes is None else cls(driver, nbytes, device)
+        held = cls(driver, device)
+        return None if held.held is None else held
 
     def set_aside(self) -> int | None:
         """The bytes set aside now, or None where the driver does not say."""

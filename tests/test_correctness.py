@@ -273,18 +273,24 @@ class FakeLimits:
 LIMITS = FakeLimits()
 
 
+@pytest.fixture
+def stand_in_driver(monkeypatch) -> FakeLimits:
+    """LIMITS, fresh, as the driver whose set-aside the harness holds for the next solution it loads."""
+    monkeypatch.setattr(PersistingL2, "held_as_found", classmethod(lambda cls, device: cls.holding(LIMITS)))
+    monkeypatch.setattr(LIMITS, "values", {})
+    monkeypatch.setattr(LIMITS, "resets", 0)
+    return LIMITS
+
+
 @pytest.mark.parametrize(
     ("from_call", "set_aside", "caught_in"), [(1, 16 << 20, "trials"), (3, 16 << 20, "timings"), (1, 0, "trials")]
 )
 def test_a_changed_persisting_l2_set_aside_is_caught(
-    make_solution, monkeypatch, from_call: int, set_aside: int, caught_in: str
+    make_solution, stand_in_driver: FakeLimits, from_call: int, set_aside: int, caught_in: str
 ) -> None:
     """The harness holds the persisting-L2 set-aside at the driver's value it found before it loads a solution; one
     that changes it, from its first call or only in the timed calls after the two trials, is caught, and the set-aside
     is the driver's once more. Lines marked persisting are reset before every call-latency and mixed-T call."""
-    monkeypatch.setattr(PersistingL2, "held_as_found", classmethod(lambda cls, device: cls.holding(LIMITS)))
-    monkeypatch.setattr(LIMITS, "values", {})
-    monkeypatch.setattr(LIMITS, "resets", 0)
     change_it = f"tests.test_correctness.LIMITS.values[0x06] = {set_aside}"
     body = TEMPLATE.format(sabotage=f"    CALLS.append(1)\n    if len(CALLS) >= {from_call}:\n        {change_it}")
     root = make_solution("persists", "import tests.test_correctness\nCALLS = []\n" + body)
@@ -297,19 +303,17 @@ def test_a_changed_persisting_l2_set_aside_is_caught(
     else:
         assert [t.status for t in workload.trials] == [Status.PASSED, Status.PASSED]
         latency, mixed = workload.call_latency, workload.mixed_tokens
-        assert LIMITS.resets == latency.n + latency.warmup_calls + len(mixed.tokens) * mixed.rounds > 0
-    assert LIMITS.values[0x06] == 9_830_400
+        assert stand_in_driver.resets == latency.n + latency.warmup_calls + len(mixed.tokens) * mixed.rounds > 0
+    assert stand_in_driver.values[0x06] == 9_830_400
 
 
-def test_the_persisting_l2_set_aside_is_left_as_the_driver_has_it(make_solution, monkeypatch) -> None:
+def test_the_persisting_l2_set_aside_is_left_as_the_driver_has_it(make_solution, stand_in_driver: FakeLimits) -> None:
     """An honest solution runs under the driver's set-aside, as in a training step and NVIDIA's evaluator: kernels
     that keep an intermediate in L2 with evict_last need it. The harness reads the set-aside and never sets it."""
-    monkeypatch.setattr(PersistingL2, "held_as_found", classmethod(lambda cls, device: cls.holding(LIMITS)))
-    monkeypatch.setattr(LIMITS, "values", {})
     root = make_solution("honest", TEMPLATE.format(sabotage=""))
     workload = bench(root, "honest").run(SMOKE, [WORKLOAD]).workloads[0]
     assert workload.status is Status.PASSED, workload.message
-    assert LIMITS.values == {}
+    assert stand_in_driver.values == {}
 
 
 def test_no_persisting_l2_set_aside_is_held_where_the_driver_does_not_answer() -> None:
@@ -317,7 +321,7 @@ def test_no_persisting_l2_set_aside_is_held_where_the_driver_does_not_answer() -
         def cuCtxGetLimit(self, value, limit: int) -> int:
             return 801  # CUDA_ERROR_NOT_SUPPORTED
 
-    assert PersistingL2.holding(Silent()) is None and PersistingL2(Silent(), 0).changed() == ""
+    assert PersistingL2.holding(Silent()) is None and PersistingL2(Silent()).changed() == ""
 
 
 def test_a_write_outside_the_outputs_in_timing_alone_is_caught(make_solution) -> None:
