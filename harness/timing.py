@@ -133,9 +133,9 @@ SPIN_CYCLES_PER_SECOND = 2.0e9
 class L2Flusher:
     """Evicts the L2 cache by writing a buffer twice its size (queued on the current stream).
 
-    Writing leaves the L2 full of dirty lines, whose write-back falls inside the timed call that follows (on the
-    H200, microseconds of a memory-bound call: docs/performance.md). Triton's do_bench flushes the same way, so
-    figures stay comparable.
+    Writing leaves the L2 full of dirty lines, which cost the timed call that follows a few percent at most against
+    an L2 left clean (docs/performance.md). Triton's do_bench and NVIDIA's evaluator flush the same way, so figures
+    stay comparable, and a training step's earlier work leaves dirty lines too.
     """
 
     def __init__(self, device: torch.device):
