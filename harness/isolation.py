@@ -4,7 +4,8 @@ workload and not the run, and the solution never shares a process with the bookk
 The parent (this module) drives one worker per solution (`python -m harness.worker`) over two pipes
 that are neither stdin nor stdout: commands go down one, results come up the other, each message a JSON
 line carrying a nonce the parent made for that worker. The worker's stdout and stderr (the solution's
-prints) go to a log file, whose tail is quoted when a worker dies. The parent expects every workload it
+prints) go to a file with no name, whose tail is quoted when a worker dies and which vanishes with the
+worker's handle, whatever ends the run. The parent expects every workload it
 asked for: a result that does not come within the timeout is TIMEOUT (the worker is killed), a worker
 that exits is RUNTIME_ERROR (or COMPILE_ERROR before its first result), and in both cases a fresh worker
 takes the remaining workloads. The parent re-derives the roofline verdicts from the reported times.
@@ -52,6 +53,7 @@ from harness.status import Status
 from harness.worker import job_setup
 from harness.workloads import Suite, Workload
 
+LOG_TAIL_BYTES = 8000  # 2,000 characters of UTF-8 at the most
 LOG_TAIL_CHARS = 2000
 
 
@@ -110,7 +112,9 @@ class Worker:
         self.setup = plan.setup(solution, device)
         self.timeouts = plan.timeouts
         self.busy_seconds = 0.0
-        self.log = Path(tempfile.mkstemp(prefix=f"harness-{solution}-", suffix=".log")[1])
+        # Every process of the worker's writes through one shared file offset, and the parent reads with pread, which
+        # moves none: their output stays in order, and the file, unlinked at birth, leaves nothing on disk.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open for the worker's life, closed by stop()
         self._process: subprocess.Popen | None = None
         self._first_result_pending = True
         self._setup_problem: tuple[Status, str] | None = None
@@ -124,16 +128,15 @@ class Worker:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if self.visible_gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.visible_gpu
-        with open(self.log, "a") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "harness.worker", str(command_read), str(result_write)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(command_read, result_write),
-                env=env,
-                start_new_session=True,
-            )
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "harness.worker", str(command_read), str(result_write)],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(command_read, result_write),
+            env=env,
+            start_new_session=True,
+        )
         os.close(command_read)
         os.close(result_write)
         self._commands = os.fdopen(command_write, "w")
@@ -180,10 +183,11 @@ class Worker:
             return {"timeout": timeout}
 
     def _kill(self) -> None:
-        if self._process is not None:
+        process = self._process  # a signal's stop and the slot's thread may both kill it
+        if process is not None:
             with contextlib.suppress(ProcessLookupError):  # the group outlives its leader while a process in it lives
-                os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         self._process = None
 
     def _died(self, when: str, reply: dict | None) -> str:
@@ -192,8 +196,17 @@ class Worker:
         if reply is not None and "error" in reply:
             return reply["error"]
         code = self._process.wait() if self._process is not None else None
-        tail = self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:].strip()
+        tail = self._log_tail()
         return f"the worker process exited (code {code}) {when}" + (f"; its last output:\n{tail}" if tail else "")
+
+    def _log_tail(self) -> str:
+        """The last LOG_TAIL_CHARS characters the worker's processes wrote; none once the worker is stopped (a signal's
+        stop may close the file while a slot's thread still reports the kill)."""
+        if self.log.closed:
+            return ""
+        size = os.fstat(self.log.fileno()).st_size
+        tail = os.pread(self.log.fileno(), LOG_TAIL_BYTES, max(0, size - LOG_TAIL_BYTES))
+        return tail.decode(errors="replace")[-LOG_TAIL_CHARS:].strip()
 
     # -- the protocol ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -237,10 +250,12 @@ class Worker:
         return scorer.base(workload, index, status, message)
 
     def stop(self) -> None:
-        """Kills the worker process, whatever it is doing, for good (a run stopped by a signal): its job ends without a
-        result, and no process is started again."""
+        """Kills the worker process, whatever it is doing, for good: its job ends without a result, no process is
+        started again, and its output is gone. Every worker ends so: after `finish`, or in a run stopped by a signal or
+        by a fault of the harness."""
         self._stopped = True
         self._kill()
+        self.log.close()
 
     def finish(self) -> BenchResult | None:
         """The worker's summary (provenance, config); None if no worker could give one."""

@@ -131,27 +131,30 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
 
     def drive(index: int, device: Slot) -> None:
         workers: dict[str, Worker] = {}
-        while not stopping.is_set():
-            try:
-                job = jobs.get_nowait()
-            except queue.Empty:
-                break
-            worker = workers.get(job.solution)
-            if worker is None:
-                worker = workers[job.solution] = Worker(job.solution, plan, device.device, device.visible_gpu)
-                live.append(worker)
-                if stopping.is_set():  # stopped while it was made: the signal's kills may have missed it
+        try:
+            while not stopping.is_set():
+                try:
+                    job = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                worker = workers.get(job.solution)
+                if worker is None:
+                    worker = workers[job.solution] = Worker(job.solution, plan, device.device, device.visible_gpu)
+                    live.append(worker)
+                    if stopping.is_set():  # stopped while it was made: the signal's kills may have missed it
+                        return
+                    worker.start()
+                known = collected.baseline_of(job.workload)
+                result = worker.workload(job.workload, job.index, known, plan.scorer.for_solution(job.solution))
+                if stopping.is_set():  # its worker was killed under it: no result
                     return
-                worker.start()
-            known = collected.baseline_of(job.workload)
-            result = worker.workload(job.workload, job.index, known, plan.scorer.for_solution(job.solution))
-            if stopping.is_set():  # its worker was killed under it: no result
-                return
-            result.device_index = index
-            collected.result(job, result)
-        for name, worker in workers.items():
-            collected.summary(name, worker.finish(), worker.busy_seconds)
-            worker.log.unlink(missing_ok=True)
+                result.device_index = index
+                collected.result(job, result)
+            for name, worker in workers.items():
+                collected.summary(name, worker.finish(), worker.busy_seconds)
+        finally:
+            for worker in workers.values():  # killed and reaped, their output gone, whatever ended the slot
+                worker.stop()
 
     threads = [threading.Thread(target=slot, args=(i, device), daemon=True) for i, device in enumerate(devices)]
     try:
@@ -168,8 +171,6 @@ def run_local(plan: RunPlan, devices: list[Slot]) -> dict[str, BenchResult]:
         for thread in threads:
             if thread.ident is not None:  # started
                 thread.join()
-        for worker in live:
-            worker.log.unlink(missing_ok=True)
         raise Interrupted(merge(plan, collected)) from None
     if failures:
         # A slot that broke took its jobs with it: a result file would lack them with nothing to say so.

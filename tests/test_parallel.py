@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -203,10 +204,65 @@ def test_a_slot_that_breaks_fails_the_run(tmp_path: Path, monkeypatch) -> None:
         def start(self) -> None:
             raise RuntimeError("the worker could not start")
 
+        def stop(self) -> None:
+            pass
+
     monkeypatch.setattr(parallel, "Worker", Broken)
     plan = RunPlan(SOLUTIONS, SOLUTIONS_DIR, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:2], Scorer(CPU, tmp_path))
     with pytest.raises(RuntimeError, match="could not start"):
         run_local(plan, [Slot("cpu"), Slot("cpu")])
+
+
+@pytest.fixture
+def temp_folder(tmp_path: Path, monkeypatch) -> Path:
+    """The parent's temporary folder for the test, empty at first."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_a_fault_of_the_harness_leaves_no_worker_behind(tmp_path: Path, monkeypatch, temp_folder: Path) -> None:
+    """A slot that breaks after its worker started (here, reading the worker's summary) kills and reaps the worker
+    (its thread's end would kill it, unreaped) and leaves no file of its output."""
+    started: list[int] = []
+
+    class Breaks(Worker):
+        def start(self) -> None:
+            super().start()
+            started.append(self._process.pid)
+
+        def finish(self):
+            raise RuntimeError("the summary could not be read")
+
+    monkeypatch.setattr(parallel, "Worker", Breaks)
+    plan = RunPlan(["torch_eager"], SOLUTIONS_DIR, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:1], Scorer(CPU, tmp_path))
+    with pytest.raises(RuntimeError, match="could not be read"):
+        run_local(plan, [Slot("cpu")])
+    assert started and [process_state(pid) for pid in started] == ["gone"] * len(started)
+    assert list(temp_folder.iterdir()) == []
+
+
+DIES_TALKING = """
+import os
+
+def run(*tensors):
+    print("the last words of a dying solution", flush=True)
+    os._exit(3)
+"""
+
+
+def test_a_worker_that_dies_is_quoted_and_leaves_no_file(tmp_path: Path, make_solution, temp_folder: Path) -> None:
+    """The verdict of a workload whose worker died quotes what the solution printed, and no worker leaves a file in
+    the temporary folder: neither one that ran to the end nor one stopped in the middle of its work."""
+    root = make_solution("dies_talking", DIES_TALKING)
+    plan = RunPlan(["dies_talking"], root, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:1], Scorer(CPU, tmp_path))
+    message = run_local(plan, [Slot("cpu")])["dies_talking"].workloads[0].message
+    assert "exited (code 3)" in message and "the last words of a dying solution" in message
+    worker = Worker("dies_talking", plan, "cpu")
+    worker.start()
+    worker.stop()
+    assert list(temp_folder.iterdir()) == []
 
 
 # Right at once on T = 1 (smoke workloads 0 and 1), and a minute long elsewhere: a run over workloads 0, 2 and 3 is
