@@ -5,10 +5,10 @@ The parent (this module) drives one worker per solution (`python -m harness.work
 that are neither stdin nor stdout: commands go down one, results come up the other, each message a JSON
 line carrying a nonce the parent made for that worker. The worker's stdout and stderr (the solution's
 prints) go to a file with no name, whose tail is quoted when a worker dies and which vanishes with the
-worker's handle, whatever ends the run. The parent expects every workload it
-asked for: a result that does not come within the timeout is TIMEOUT (the worker is killed), a worker
-that exits is RUNTIME_ERROR (or COMPILE_ERROR before its first result), and in both cases a fresh worker
-takes the remaining workloads. The parent re-derives the roofline verdicts from the reported times.
+worker's handle, whatever ends the run. The parent expects every workload it asked for: a result that
+does not come within the timeout is TIMEOUT (the worker is killed), a worker that exits is RUNTIME_ERROR
+(or COMPILE_ERROR before its first result), and in both cases a fresh worker takes the remaining
+workloads. The parent re-derives the roofline verdicts from the reported times.
 
 A worker runs only while it has a job: between jobs the parent stops its process group (SIGSTOP; each worker leads a
 session of its own, which holds any process the solution starts), and continues it (SIGCONT) with the next command.

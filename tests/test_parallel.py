@@ -254,7 +254,7 @@ def run(*tensors):
 
 def test_a_worker_that_dies_is_quoted_and_leaves_no_file(tmp_path: Path, make_solution, temp_folder: Path) -> None:
     """The verdict of a workload whose worker died quotes what the solution printed, and no worker leaves a file in
-    the temporary folder: neither one that ran to the end nor one stopped in the middle of its work."""
+    the temporary folder: neither one that ran to its end nor one stopped, between jobs, for good."""
     root = make_solution("dies_talking", DIES_TALKING)
     plan = RunPlan(["dies_talking"], root, OPTIONS, tmp_path, SMOKE, SMOKE.workloads[:1], Scorer(CPU, tmp_path))
     message = run_local(plan, [Slot("cpu")])["dies_talking"].workloads[0].message
