@@ -197,7 +197,8 @@ def test_compile_sm90_compiles_every_plans_kernels_for_the_h200_without_a_gpu() 
               "dx_kernel", "scatter_kernel"}  # fmt: skip
     assert {row[3] for row in rows} == gluon | triton
     assert all(0 <= int(row[5]) <= 227 * 1024 for row in rows), result.stdout
-    assert all(row[11] == "on" for row in rows), result.stdout
+    assert all(row[7] == "spills" and row[9] == "f2f" and int(row[10]) >= 0 for row in rows), result.stdout
+    assert all(row[13] == "on" for row in rows), result.stdout
     at_64 = [row[3] for row in rows if row[2] == "64"]
     assert at_64.count("dx_ws_kernel") == 1  # CPU tensors have no side stream: one launch over both halves
     refused = run_compile_sm90("1", "--tokens", "64")

@@ -1,6 +1,7 @@
 """Compile every kernel of triton_fused's plans for the H200 (sm_90) on a machine without a GPU: what each launch of a
-plan's call would compile, with its shared memory, its SASS's local-memory accesses (spills) and whether it was compiled
-with fused multiply-adds. No kernel runs.
+plan's call would compile, with its shared memory, its SASS's local-memory accesses (spills) and one-value conversions
+between floating-point types (F2F, where a Triton release may lower what another makes pairs of HADD2.F32 or F2FP) and
+whether it was compiled with fused multiply-adds. No kernel runs.
 
     TRITON_INTERPRET=0 PYTHONPATH=. python3 solutions/triton_fused/tools/compile_sm90.py [--tokens 64,128,149]
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -71,16 +73,17 @@ class Sm90Driver(DriverBase):
         pass
 
 
-def spills(cubin: bytes) -> int | None:
-    """Local-memory loads and stores in the kernel's SASS (by the nvdisasm Triton ships), or None without it."""
+def sass_counts(cubin: bytes) -> tuple[int | None, int | None]:
+    """Local-memory loads and stores (spills) and F2F instructions (a slower pipe's, one value each) in the kernel's
+    SASS, by the nvdisasm Triton ships; (None, None) without it."""
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     if not nvdisasm.exists():
-        return None
+        return None, None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
         sass = subprocess.run([str(nvdisasm), "-c", file.name], capture_output=True, text=True, check=True).stdout
-    return sass.count("STL") + sass.count("LDL")
+    return sass.count("STL") + sass.count("LDL"), len(re.findall(r"\bF2F\.", sass))
 
 
 def call_tensors(tokens: int) -> list[torch.Tensor]:
@@ -89,9 +92,9 @@ def call_tensors(tokens: int) -> list[torch.Tensor]:
     return [torch.empty(spec.concrete_shape(dims), dtype=spec.dtype) for spec in (*INPUTS, *OUTPUTS)]
 
 
-def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None, bool]]:
-    """(kernel, shared memory bytes, spills, FP fusion) of every launch of the call at T = tokens under its bucket's
-    plan, compiled with the options the solution's launches pass."""
+def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None, int | None, bool]]:
+    """(kernel, shared memory bytes, spills, F2F conversions, FP fusion) of every launch of the call at T = tokens under
+    its bucket's plan, compiled with the options the solution's launches pass."""
     tensors = call_tensors(tokens)
     plan = module.plan_for(tokens)
     p = module._new_problem(tensors, plan, torch.float16, module.StreamScratch(torch.device("cpu")))
@@ -100,7 +103,7 @@ def compile_plan(module, tokens: int) -> list[tuple[str, int, int | None, bool]]
     def compile_launch(kernel, grid, stream, caller, *args, **kwargs) -> None:
         binary = kernel.warmup(*args, grid=grid, **kwargs)
         metadata = binary.metadata
-        compiled.append((kernel.fn.__name__, metadata.shared, spills(binary.asm["cubin"]), metadata.enable_fp_fusion))
+        compiled.append((kernel.fn.__name__, metadata.shared, *sass_counts(binary.asm["cubin"]), metadata.enable_fp_fusion))
 
     p.program.launch = compile_launch
     p.begin(tensors)
@@ -120,11 +123,12 @@ def main() -> None:
     module._require_gpu = lambda tensor, kernel: None  # compiled here, never run
     over = False
     for tokens in (int(t) for t in args.tokens.split(",")):
-        for name, shared, spilled, fused in compile_plan(module, tokens):
+        for name, shared, spilled, f2f, fused in compile_plan(module, tokens):
             over |= shared > SHARED_MEMORY_LIMIT
             note = "  <- over the limit" if shared > SHARED_MEMORY_LIMIT else ""
             fusion = "on" if fused else "off"
-            print(f"T = {tokens:5d}  {name:28s} shared {shared:7d} B  spills {spilled}  fp fusion {fusion}{note}", flush=True)
+            line = f"T = {tokens:5d}  {name:28s} shared {shared:7d} B  spills {spilled}  f2f {f2f}  fp fusion {fusion}{note}"
+            print(line, flush=True)
     sys.exit(1 if over else 0)
 
 
