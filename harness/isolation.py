@@ -11,11 +11,12 @@ does not come within the timeout is TIMEOUT (the worker is killed), a worker tha
 workloads. The parent re-derives the roofline verdicts from the reported times.
 
 A worker runs only while it has a job: between jobs the parent stops its process group (SIGSTOP; each worker leads a
-session of its own, which holds any process the solution starts), and continues it (SIGCONT) with the next command.
-So while one solution's workload is measured, no thread or process of another solution's worker issues GPU work or
-takes the host's CPUs, which a host-bound call's timing feels. GPU work a worker had queued when it was stopped still
-runs, and a process that leaves the session (setsid) is neither stopped nor killed with its worker. A parent killed
-outright takes its workers with it (harness.worker.die_with_parent), not the processes they started.
+session of its own, which holds any process the solution starts) and waits until each of their threads has stopped, and
+continues it (SIGCONT) with the next command. So while one solution's workload is measured, no thread or process of
+another solution's worker issues GPU work or takes the host's CPUs, which a host-bound call's timing feels. GPU work a
+worker had queued when it was stopped still runs, and a process that leaves the session (setsid) is neither stopped nor
+killed with its worker. A parent killed outright takes its workers with it (harness.worker.die_with_parent), not the
+processes they started.
 
 What this does not stop: code running inside the worker can, in principle, read the worker's memory
 (the nonce included) and write to its pipe. The nonce turns forging a result from printing a line into
@@ -55,6 +56,10 @@ from harness.workloads import Suite, Workload
 
 LOG_TAIL_BYTES = 8000  # 2,000 characters of UTF-8 at the most
 LOG_TAIL_CHARS = 2000
+# The longest the parent waits for a stopped worker's threads to come to rest: a thread inside an uninterruptible system
+# call stops when it returns, and none of them should hold up every job.
+STOP_WAIT_S = 0.1
+STOPPED_STATES = "TtZX"  # /proc's states of a thread that runs no more: stopped, stopped by a tracer, a zombie, dead
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,44 @@ class RunPlan:
             duration_s=0.0,
             workloads=[],
         )
+
+
+def _stat_fields(path: str) -> list[str] | None:
+    """The fields of a /proc stat file after the command's name (the state first), or None where it is gone."""
+    try:
+        with open(path) as file:
+            return file.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def thread_states(pgid: int) -> list[str]:
+    """The state letter (R, S, D, T, ...) of every thread of every process in process group `pgid`; none where there
+    is no /proc."""
+    if not os.path.isdir("/proc"):
+        return []
+    states = []
+    for entry in os.scandir("/proc"):
+        fields = _stat_fields(f"{entry.path}/stat") if entry.name.isdigit() else None
+        if fields is None or int(fields[2]) != pgid:
+            continue
+        with contextlib.suppress(OSError):  # the process ended meanwhile
+            for task in os.scandir(f"{entry.path}/task"):
+                task_fields = _stat_fields(f"{task.path}/stat")
+                if task_fields is not None:
+                    states.append(task_fields[0])
+    return states
+
+
+def stop_group(pgid: int) -> None:
+    """Stop process group `pgid` (SIGSTOP) and wait, STOP_WAIT_S at the most, until none of its threads runs: a thread
+    stops when it next handles the signal, which on a busy host can come milliseconds after killpg returns, while the
+    next solution's timing has begun."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGSTOP)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while any(state not in STOPPED_STATES for state in thread_states(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 class Worker:
@@ -149,7 +192,7 @@ class Worker:
         if reply is None or not reply.get("ready"):
             self._setup_problem = (Status.COMPILE_ERROR, self._died("while loading the solution", reply))
             self._kill()
-        self._signal_group(signal.SIGSTOP)
+        self._stop_group()
 
     def _read(self, stream) -> None:
         for line in stream:
@@ -161,15 +204,19 @@ class Worker:
                 self._replies.put(message)
         self._replies.put(None)
 
-    def _signal_group(self, signum: int) -> None:
-        """Send `signum` to the worker's process group: the worker and the processes it started (see the module's
-        docstring); nothing where no worker is running."""
-        if self._process is not None and self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signum)
+    def _running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _stop_group(self) -> None:
+        """Stop the worker's process group, the worker and the processes it started (see the module's docstring), until
+        the next command; nothing where no worker is running."""
+        if self._running():
+            stop_group(self._process.pid)
 
     def _send(self, message: dict) -> None:
-        self._signal_group(signal.SIGCONT)
+        if self._running():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGCONT)
         try:
             self._commands.write(json.dumps(message) + "\n")
             self._commands.flush()
@@ -241,7 +288,7 @@ class Worker:
                 )
             if result.uuid == workload.uuid:
                 self._first_result_pending = False
-                self._signal_group(signal.SIGSTOP)
+                self._stop_group()
                 return result
             reply = {"error": f"the worker answered for workload {result.uuid}, not {workload.uuid}"}
         status = Status.TIMEOUT if reply is not None and "timeout" in reply else Status.RUNTIME_ERROR

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import parallel
+from harness import isolation, parallel
 from harness.isolation import RunPlan, Worker
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR, get_solution
@@ -151,6 +151,47 @@ def test_a_worker_runs_only_during_its_jobs(tmp_path: Path, make_solution) -> No
         assert ticking() == {"thread": False, "child": False}  # killed with the worker
     finally:
         worker.stop()  # the child too, whatever failed
+
+
+# Two threads that never wait for anything.
+BUSY = """
+import threading
+
+def spin():
+    while True:
+        pass
+
+threading.Thread(target=spin, daemon=True).start()
+spin()
+"""
+
+
+def test_a_stopped_group_runs_no_thread() -> None:
+    """stop_group returns once every thread of every process in the group has stopped, not when the signal is sent."""
+    process = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        assert "R" in isolation.thread_states(process.pid)
+        isolation.stop_group(process.pid)
+        states = isolation.thread_states(process.pid)
+        assert sorted(states) == ["T", "T"], states
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_group_waits_for_the_last_thread(monkeypatch) -> None:
+    seen = iter([["T", "R"], ["D", "T"], ["T", "T"]])
+    looked: list[int] = []
+
+    def states(pgid: int) -> list[str]:
+        looked.append(pgid)
+        return next(seen)
+
+    monkeypatch.setattr(isolation, "thread_states", states)
+    monkeypatch.setattr(os, "killpg", lambda pgid, signum: None)
+    isolation.stop_group(4321)
+    assert looked == [4321] * 3
 
 
 ORPHANING = """
