@@ -46,6 +46,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harness import provenance
+from harness.launch_audit import proc_stat_fields
 from harness.registry import get_solution
 from harness.results import BenchResult, WorkloadResult
 from harness.runner import BenchOptions, bench_config, solution_record
@@ -102,15 +103,6 @@ class RunPlan:
         )
 
 
-def _stat_fields(path: str) -> list[str] | None:
-    """The fields of a /proc stat file after the command's name (the state first), or None where it is gone."""
-    try:
-        with open(path) as file:
-            return file.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def thread_states(pgid: int) -> list[str]:
     """The state letter (R, S, D, T, ...) of every thread of every process in process group `pgid`; none where there
     is no /proc."""
@@ -118,12 +110,12 @@ def thread_states(pgid: int) -> list[str]:
         return []
     states = []
     for entry in os.scandir("/proc"):
-        fields = _stat_fields(f"{entry.path}/stat") if entry.name.isdigit() else None
+        fields = proc_stat_fields(f"{entry.path}/stat") if entry.name.isdigit() else None
         if fields is None or int(fields[2]) != pgid:
             continue
         with contextlib.suppress(OSError):  # the process ended meanwhile
             for task in os.scandir(f"{entry.path}/task"):
-                task_fields = _stat_fields(f"{task.path}/stat")
+                task_fields = proc_stat_fields(f"{task.path}/stat")
                 if task_fields is not None:
                     states.append(task_fields[0])
     return states

@@ -141,14 +141,22 @@ def gpu_processes(nvml: _Nvml) -> set[int]:
     return pids
 
 
+def proc_stat_fields(path: str) -> list[str] | None:
+    """The fields of a /proc stat file after the command's name, which may hold spaces (state, parent id, process group,
+    ...), or None where the process or thread is gone or not visible from here."""
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether process `pid` is a child, grandchild, ... of `ancestor` (by the parent ids in /proc)."""
     while pid > 1:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:  # gone, or not visible from here
+        fields = proc_stat_fields(f"/proc/{pid}/stat")
+        if fields is None:
             return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the command name, which may hold spaces
+        pid = int(fields[1])
         if pid == ancestor:
             return True
     return False

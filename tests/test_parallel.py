@@ -16,6 +16,7 @@ import torch
 
 from harness import isolation, parallel
 from harness.isolation import RunPlan, Worker
+from harness.launch_audit import proc_stat_fields
 from harness.parallel import Slot, device_slots, jobs_for, run_local, run_ray
 from harness.registry import SOLUTIONS_DIR, get_solution
 from harness.runner import Bench, BenchOptions, Interrupted, run_side_by_side
@@ -198,6 +199,7 @@ ORPHANING = """
 import os, torch
 from pathlib import Path
 from harness.isolation import RunPlan, Worker
+from harness.launch_audit import proc_stat_fields
 from harness.registry import SOLUTIONS_DIR
 from harness.runner import BenchOptions
 from harness.scoring import Scorer
@@ -228,10 +230,8 @@ def test_a_stopped_worker_dies_with_its_parent(tmp_path: Path) -> None:
 
 def process_state(pid: int) -> str:
     """The state letter of process `pid` in /proc (T: stopped, Z: a zombie), or "gone"."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+    fields = proc_stat_fields(f"/proc/{pid}/stat")
+    return fields[0] if fields else "gone"
 
 
 def test_a_slot_that_breaks_fails_the_run(tmp_path: Path, monkeypatch) -> None:
