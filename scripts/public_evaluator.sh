@@ -26,7 +26,7 @@ slug=$(PYTHONPATH="$site:$PWD" python3 -c "import torch; from harness.provenance
 mkdir -p "$out"
 for name in ${solutions//,/ }; do
     folder="$out/$name"
-    PYTHONPATH="$site:$PWD" python3 -m harness export -s "$name" --format sol-execbench -o "$folder" || continue
+    PYTHONPATH="$site:$PWD" python3 -m harness export -s "$name" --device "$slug" --format sol-execbench -o "$folder" || continue
     # the evaluator alone on the path: the export must run without this project
     (cd "$folder" && PATH="$bin:$PATH" PYTHONPATH="$evaluator/src:$site" \
         timeout "${EVALUATOR_TIMEOUT_S:-1800}" python3 -c "from sol_execbench.cli import cli; cli()" . --solution solution.json \
