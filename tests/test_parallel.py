@@ -199,7 +199,6 @@ ORPHANING = """
 import os, torch
 from pathlib import Path
 from harness.isolation import RunPlan, Worker
-from harness.launch_audit import proc_stat_fields
 from harness.registry import SOLUTIONS_DIR
 from harness.runner import BenchOptions
 from harness.scoring import Scorer
