@@ -55,8 +55,8 @@ from harness.status import Status
 from harness.worker import job_setup
 from harness.workloads import Suite, Workload
 
-LOG_TAIL_BYTES = 8000  # 2,000 characters of UTF-8 at the most
 LOG_TAIL_CHARS = 2000
+LOG_TAIL_BYTES = 4 * LOG_TAIL_CHARS  # UTF-8 takes at most 4 bytes a character
 # The longest the parent waits for a stopped worker's threads to come to rest: a thread inside an uninterruptible system
 # call stops when it returns, and none of them should hold up every job.
 STOP_WAIT_S = 0.1
