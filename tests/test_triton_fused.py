@@ -76,20 +76,38 @@ WGRAD_PAIR = (128, 128, 64, 4, 3, 2)
 PLAN_AB_TIMING = TimingConfig(warmup_calls=1, warmup_s=0.0, min_calls=4, max_calls=4, batch_calls=4)
 
 
-def plan_ab_tool():
-    """solutions/triton_fused/tools/plan_ab.py as a module (tools are not part of the solution's package)."""
-    tool = Path(__file__).resolve().parent.parent / "solutions" / "triton_fused" / "tools" / "plan_ab.py"
-    spec = importlib.util.spec_from_file_location("plan_ab", tool)
-    plan_ab = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = plan_ab  # as a script's import of it would (its dataclasses look their module up there)
-    spec.loader.exec_module(plan_ab)
-    return plan_ab
+def tool_module(name: str):
+    """solutions/triton_fused/tools/<name>.py as a module (tools are not part of the solution's package)."""
+    tool = Path(__file__).resolve().parent.parent / "solutions" / "triton_fused" / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, tool)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as a script's import of it would (its dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_performance_log_stands_where_the_committed_results_put_it() -> None:
+    """docs/performance.md's "Where it stands" (the means, the per-workload table against the best peers, the speed-up
+    ranges) is what tools/where_it_stands.py makes of the committed files: a new run's files and the log change
+    together. Prose is compared with its line breaks as spaces."""
+    root = Path(__file__).resolve().parent.parent
+    log = (root / "docs" / "performance.md").read_text()
+    section = log[log.index("## Where it stands") : log.index("## The clock under sustained load")]
+    generated = tool_module("where_it_stands").where_it_stands(root / "results", "nvidia-h200")
+    sentences, table = (
+        [line for line in generated.splitlines() if line and not line.startswith("|")],
+        [line for line in generated.splitlines() if line.startswith("|")],
+    )
+    assert len(sentences) == 2 and len(table) == 18
+    assert "\n".join(table) in section
+    flowing = " ".join(section.split())
+    assert all(sentence in flowing for sentence in sentences), sentences
 
 
 def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
     """tools/plan_ab.py --latency: every timed call gets copies of the tensors, at addresses no other call had; the
     host time of issuing them comes back beside the latency."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     tensors = [torch.arange(6.0).view(2, 3), torch.ones(5, dtype=torch.int32)]
     seen: list[tuple[int, ...]] = []
 
@@ -107,7 +125,7 @@ def test_plan_ab_times_latency_on_copies_at_fresh_addresses() -> None:
 def test_plan_ab_redraws_and_poisons_before_each_call_as_bench_does() -> None:
     """tools/plan_ab.py --redraw: before every call its inputs are drawn anew in place and its outputs poisoned, as
     bench's device-time timing does."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     dims = Dims(batch_seq_len=40, num_tokens=9, hidden_dim=16, ffn_dim=24)
     inputs = generate_inputs(dims, 0)
     outputs = [torch.zeros(spec.concrete_shape(dims), dtype=spec.dtype) for spec in OUTPUTS]
@@ -128,7 +146,7 @@ def test_plan_ab_redraws_and_poisons_before_each_call_as_bench_does() -> None:
 
 def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:
     """tools/plan_ab.py --sustained: the harness's back-to-back timer, its settle calls untimed."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     calls: list[int] = []
     assert plan_ab.sustained_us(lambda: calls.append(1), "cpu", PLAN_AB_TIMING) > 0
     assert len(calls) >= 4 + 1  # the timed calls and one settle call at least
@@ -137,12 +155,12 @@ def test_plan_ab_times_calls_back_to_back_after_a_settle() -> None:
 def test_plan_ab_prints_each_variants_difference_round_by_round() -> None:
     """tools/plan_ab.py's summary: the plan's mean and rounds, and each variant's also minus the plan's, round by round;
     with host times (--latency), each plan's mean host time."""
-    lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]})
+    lines = tool_module("plan_ab").summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]})
     assert lines[0].startswith("#15 T=296 plan") and "mean    372.0 us  (370.0, 374.0)" in lines[0]
     assert "minus plan" not in lines[0]
     assert lines[1].endswith("mean    375.8 us  (376.5, 375.0)  minus plan +3.8 (+6.5, +1.0)")
     hosts = {"plan": [60.0, 62.0], "short": [70.0, 71.0]}
-    lines = plan_ab_tool().summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]}, hosts)
+    lines = tool_module("plan_ab").summary(15, 296, {"plan": [370.0, 374.0], "short": [376.5, 375.0]}, hosts)
     assert lines[0].endswith("(370.0, 374.0)  host 61.0 us") and lines[1].endswith("(+6.5, +1.0)  host 70.5 us")
 
 
@@ -151,7 +169,7 @@ def test_plan_ab_runs_another_trees_solution_beside_this_one(interpreted, tmp_pa
     name, keeps its own modules and plan types, and both compute the backward in one process on the same side stream
     and intermediate buffers, a tree's own side stream alone moving its device time (a tree without this tree's
     per-stream state is refused that)."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     with pytest.raises(SystemExit, match="no solutions/triton_fused there"):
         plan_ab.load_other_tree(str(tmp_path))
     for root in (tmp_path, tmp_path / "second"):
@@ -207,7 +225,7 @@ def test_compile_sm90_compiles_every_plans_kernels_for_the_h200_without_a_gpu() 
 
 def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
     """A variant's expression reads T and B, so that one variant can span buckets; a faulty one names itself."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     by_t = "by T: replace(plan, dx=replace(plan.dx, stages=2 if T <= 160 else 4))"
     variants = dict(map(plan_ab.parse_variant, (by_t, "by B: plan if B > 2048 else plan.on_one_stream()")))
     for dims, stages, one_stream in ((Dims(1024, 150), 2, True), (Dims(4096, 180), 4, False)):
@@ -221,7 +239,7 @@ def test_plan_ab_variants_see_the_workloads_t_and_b(interpreted) -> None:
 def test_plan_ab_draws_each_workloads_arguments_then_frees_them() -> None:
     """The tools' workload_arguments: per workload the inputs drawn from the seed, in calling order, then unwritten
     outputs of the right shapes; each list emptied once the next workload is asked for, the last at the end."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     workloads = list(enumerate(load_named_suite("smoke").workloads))[1:3]
     seen = []
     for index, workload, arguments in plan_ab.workload_arguments(workloads, 3, torch.device("cpu")):
@@ -239,7 +257,7 @@ def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted, t
     """The profiling tools' loop (timeline.py, ncu_call.py): every variant of every workload's bucket plan, and with
     --against each other tree's bucket plan, each handed over with the module that runs it once it has made
     WARMUP_CALLS calls on that workload's own arguments."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     calls = []
 
     def fake(tree: str) -> SimpleNamespace:
@@ -266,7 +284,7 @@ def test_warmed_variants_yields_each_plan_after_its_warm_up_calls(interpreted, t
 def test_against_trees_are_named_apart() -> None:
     """One --against tree is the variant 'against'; several are 'against:NAME' by their roots' folder names, and two
     roots of one folder name are refused rather than logged under one name."""
-    plan_ab = plan_ab_tool()
+    plan_ab = tool_module("plan_ab")
     assert plan_ab.against_names(["../main-old"]) == [plan_ab.AGAINST]
     assert plan_ab.against_names(["a/v1", "b/v2/"]) == ["against:v1", "against:v2"]
     with pytest.raises(SystemExit, match="two roots of one folder name"):
