@@ -50,7 +50,8 @@ def where_it_stands(results_dir: Path, device: str) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     speedups: dict[str, list[float]] = {column: [] for column, _ in TIMINGS}
     for w in ours.itertuples():
-        best = {column: _best_peer(peers[peers.uuid == w.uuid], column) for column, _ in TIMINGS}
+        rows = peers[peers.uuid == w.uuid]
+        best = {column: _best_peer(rows, column) for column, _ in TIMINGS}
         for column, _ in TIMINGS:
             speedups[column].append(best[column][0] / getattr(w, column))
         cells = [str(w.B), str(w.T), _number(w.sol_us), *(_number(getattr(w, c)) for c, _ in TIMINGS),
