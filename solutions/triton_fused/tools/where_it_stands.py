@@ -63,8 +63,10 @@ def where_it_stands(results_dir: Path, device: str) -> str:
     public = f", public evaluator {_number(ours.public_us.mean())}" if ours.public_us.notna().all() else ""
     peer_means = [min((group[column].mean(), SHORT_NAMES.get(s, s)) for s, group in peers.groupby("solution"))
                   for column, _ in TIMINGS]  # fmt: skip
-    named = [_number(value, thousands=True) + (f" ({name})" if i + 1 == len(peer_means) or peer_means[i + 1][1] != name else "")
-             for i, (value, name) in enumerate(peer_means)]  # fmt: skip
+    named = []  # a peer's name follows the last of a run of its means: "625.0 (max-autotune), 1,004.5, ... (torch_compile)"
+    for i, (value, name) in enumerate(peer_means):
+        last_of_run = i + 1 == len(peer_means) or peer_means[i + 1][1] != name
+        named.append(_number(value, thousands=True) + (f" ({name})" if last_of_run else ""))
     sentence = (f"Means: {', '.join(means)}{public}, host {_number(ours.host_us.mean())} per call; the best peers' "
                 f"{', '.join(named[:-1])} and {named[-1]}.")  # fmt: skip
     ranges = ", ".join(f"{min(speedups[c]):.2f}-{max(speedups[c]):.2f}x {name}" for c, name in TIMINGS)
